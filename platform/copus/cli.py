@@ -1,0 +1,79 @@
+"""`copus` command line: every command loads the experiment YAML through the same typed config.
+
+Exit codes: 0 success, 2 bad input (config, dataset, output dir), 1 training failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from copus.config import ConfigError, ExperimentConfig, load_config
+
+
+def _add_experiment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experiment", help="experiment YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
+                   help="override a config field, e.g. --set batch.gbs=32 (repeatable)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="copus", description="Goodput-driven co-adaptive batch size and 3D parallelism on Ray")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check an experiment YAML and print the resolved config")
+    _add_experiment_args(p)
+    p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
+    p = sub.add_parser("run", help="train an experiment on Ray Train, logging to MLflow")
+    _add_experiment_args(p)
+    p.add_argument("--fresh", action="store_true", help="discard checkpoints in output_dir and start over")
+    p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end")
+    return parser
+
+
+def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    else:
+        p, b = cfg.parallel, cfg.batch
+        print(f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp} "
+              f"on {cfg.cluster.num_workers} {'GPU' if cfg.cluster.use_gpu else 'CPU'} workers, gbs {b.gbs} "
+              f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}, "
+              f"output {cfg.resolved_output_dir()}")
+    return 0
+
+
+def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    from copus.cluster.driver import run_experiment  # imports ray: only for commands that need it
+    from workloads.corpus import DatasetError
+
+    try:
+        summary = run_experiment(cfg, fresh=args.fresh)
+    except (ConfigError, DatasetError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    out = Path(summary["output_dir"])
+    print(f"summary: {out / 'summary.json'}")
+    print(f"MLflow: {summary['mlflow_tracking_uri']} (run {summary['mlflow_run_id']})")
+    print(f"  open the UI with: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_tracking_uri']}")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+COMMANDS = {"validate": _cmd_validate, "run": _cmd_run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.experiment, args.overrides)
+    except ConfigError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    return COMMANDS[args.command](cfg, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

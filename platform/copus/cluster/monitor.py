@@ -1,0 +1,23 @@
+"""RunMonitor: a small Ray actor that carries rank 0's metrics records to the driver.
+
+Ray Train's own `report` is a barrier across workers (and costs seconds when called often),
+so per-step metrics travel through this actor instead: rank 0 pushes fire-and-forget, the
+driver drains in order and logs to MLflow. Only the driver and workers talk to it.
+"""
+
+from __future__ import annotations
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class RunMonitor:
+    def __init__(self) -> None:
+        self._records: list[dict] = []
+
+    def push(self, record: dict) -> None:
+        self._records.append(record)
+
+    def drain(self, start: int) -> list[dict]:
+        """Records from index `start` on (the driver keeps its own cursor)."""
+        return self._records[start:]

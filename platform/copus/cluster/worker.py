@@ -1,0 +1,31 @@
+"""Ray Train worker entry: wires Ray (checkpoints, metrics actor, rank) into the plain loop."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import ray.train
+
+from copus.train.loop import LoopHooks, run_training
+from copus.train.plan import WorkerPlan
+
+
+def train_worker(loop_config: dict) -> dict:
+    plan: WorkerPlan = loop_config["plan"]
+    monitor = loop_config["monitor"]
+    rank = ray.train.get_context().get_world_rank()
+
+    def emit(record: dict) -> None:
+        monitor.push.remote(record)  # fire and forget; order is kept per caller
+
+    def persist(path: Path, metrics: dict) -> None:
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
+
+    checkpoint = ray.train.get_checkpoint()
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
+        hooks = LoopHooks(persist_checkpoint=persist, resume_from=Path(resume_dir) if resume_dir else None,
+                          clock_origin=loop_config["clock_origin"])
+        if rank == 0:  # only rank 0 speaks to the driver
+            hooks.emit = emit
+        return run_training(plan, hooks)

@@ -1,0 +1,256 @@
+"""The typed experiment config: YAML in, one validated `ExperimentConfig` out.
+
+Read only at the edges (CLI, driver, worker entry); everything inward takes plain values.
+Every problem is reported as one line naming the YAML path of the field, e.g.
+``batch.gbs: 30 is not divisible by parallel.dp x batch.mbs = 2 x 4``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Policies that exist in this version of COPUS. Others named in the design (copus,
+# cbs-pessimistic, cbs-optimistic) arrive with the Goodput controller; naming them now is
+# refused rather than silently running the static policy.
+IMPLEMENTED_POLICIES = ("static",)
+
+
+class ConfigError(ValueError):
+    """A config problem, already phrased as one line ``path: what is wrong``."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are refused: a typo must never silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetConfig(_Section):
+    # stdlib: the Python standard library's source, built on first use (no download).
+    kind: Literal["stdlib", "txt", "jsonl", "bin"] = "stdlib"
+    path: str | None = None
+    val_path: str | None = None
+    text_field: str = "text"
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    val_fraction: float = Field(0.01, gt=0.0, lt=0.5)
+    cache_dir: str | None = None  # default: $COPUS_CACHE or ~/.cache/copus
+
+
+class WorkloadConfig(_Section):
+    model: str = "tiny"
+    seq_len: int = Field(128, ge=8)
+    dataset: DatasetConfig = DatasetConfig()
+    seed: int = 0
+
+
+class OptimizerConfig(_Section):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(3e-3, gt=0.0)
+    reference_gbs: int = Field(16, ge=1)  # the GBS at which `lr` is the right LR
+    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.1, ge=0.0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+
+
+class ScheduleConfig(_Section):
+    # Counted in samples, not steps: the step length changes when the GBS does.
+    warmup_samples: int = Field(0, ge=0)
+    decay: Literal["constant", "cosine"] = "constant"
+    decay_samples: int | None = Field(None, ge=1)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class BatchConfig(_Section):
+    gbs: int = Field(16, ge=1)
+    mbs: int = Field(4, ge=1)
+
+
+class ParallelConfig(_Section):
+    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+
+
+class PolicyConfig(_Section):
+    name: str = "static"
+
+
+class StopConfig(_Section):
+    target_val_loss: float | None = Field(None, gt=0.0)
+    max_steps: int | None = Field(None, ge=1)
+    max_samples: int | None = Field(None, ge=1)
+    max_wall_clock_s: float | None = Field(None, gt=0.0)
+
+
+class EvalConfig(_Section):
+    every_steps: int = Field(20, ge=1)
+    val_samples: int = Field(64, ge=1)
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(50, ge=1)
+    keep: int = Field(2, ge=1)
+
+
+class ClusterConfig(_Section):
+    num_workers: int = Field(1, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(1.0, gt=0.0)
+    gpus_per_worker: float = Field(1.0, gt=0.0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    report_every_steps: int = Field(1, ge=1)  # how often rank 0 sends metrics to the driver
+
+
+class TrackingConfig(_Section):
+    uri: str | None = None  # default: sqlite:///<cwd>/mlflow.db
+    experiment: str = "copus"
+    run_name: str | None = None
+
+
+class ExperimentConfig(_Section):
+    name: str = "experiment"
+    workload: WorkloadConfig = WorkloadConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    batch: BatchConfig = BatchConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    policy: PolicyConfig = PolicyConfig()
+    stop: StopConfig = StopConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    output_dir: str = "runs/experiment"
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "ExperimentConfig":
+        _check_cross_fields(self)
+        return self
+
+    # Derived values, computed in one place so driver and workers agree.
+    @property
+    def world_size(self) -> int:
+        return self.parallel.dp * self.parallel.tp * self.parallel.pp
+
+    @property
+    def microbatches_per_replica(self) -> int:
+        return self.batch.gbs // (self.parallel.dp * self.batch.mbs)
+
+    def resolved_tracking_uri(self) -> str:
+        return self.tracking.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir).expanduser().resolve()
+
+
+class _FieldProblem(ValueError):
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+
+
+def _check_cross_fields(cfg: ExperimentConfig) -> None:
+    from workloads.flavours import FLAVOURS  # local: workloads imports nothing from copus.config
+
+    p, b, s = cfg.parallel, cfg.batch, cfg.stop
+    if cfg.workload.model not in FLAVOURS:
+        raise _FieldProblem("workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(sorted(FLAVOURS))})")
+    flavour = FLAVOURS[cfg.workload.model]
+    if not flavour.trainable_on_cpu and not cfg.cluster.use_gpu:
+        raise _FieldProblem("workload.model", f"{flavour.name!r} ({flavour.param_count() / 1e9:.1f}B parameters) is a shape description for GPU clusters; set cluster.use_gpu: true")
+    if cfg.workload.seq_len > flavour.max_seq_len:
+        raise _FieldProblem("workload.seq_len", f"{cfg.workload.seq_len} exceeds the flavour's max_seq_len {flavour.max_seq_len}")
+    if p.tp > 1:
+        raise _FieldProblem("parallel.tp", f"{p.tp}: tensor parallelism is not available in this version (only tp: 1)")
+    if p.pp > 1:
+        raise _FieldProblem("parallel.pp", f"{p.pp}: pipeline parallelism is not available in this version (only pp: 1)")
+    if cfg.world_size != cfg.cluster.num_workers:
+        raise _FieldProblem("cluster.num_workers", f"{cfg.cluster.num_workers} does not match the layout parallel.dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {cfg.world_size}")
+    if b.gbs % (p.dp * b.mbs) != 0:
+        raise _FieldProblem("batch.gbs", f"{b.gbs} is not divisible by parallel.dp x batch.mbs = {p.dp} x {b.mbs}")
+    if cfg.policy.name not in IMPLEMENTED_POLICIES:
+        raise _FieldProblem("policy.name", f"{cfg.policy.name!r} is not available in this version (available: {', '.join(IMPLEMENTED_POLICIES)})")
+    if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):
+        raise _FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
+    if cfg.schedule.decay == "cosine" and cfg.schedule.decay_samples is None:
+        raise _FieldProblem("schedule.decay_samples", "required when schedule.decay is 'cosine'")
+    ds = cfg.workload.dataset
+    if ds.kind == "stdlib":
+        if ds.path is not None:
+            raise _FieldProblem("workload.dataset.path", "must be empty when workload.dataset.kind is 'stdlib'")
+    else:
+        if ds.path is None:
+            raise _FieldProblem("workload.dataset.path", f"required when workload.dataset.kind is {ds.kind!r}")
+        for key, value in (("path", ds.path), ("val_path", ds.val_path)):
+            if value is not None and not Path(value).expanduser().is_file():
+                raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
+        if ds.kind == "bin" and flavour.vocab_size > 2**16 and ds.dtype == "uint16":
+            raise _FieldProblem("workload.dataset.dtype", f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)")
+    if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
+        raise _FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
+
+
+def _format_pydantic_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"), _FieldProblem):
+        return str(first["ctx"]["error"])
+    elif "input" in first and first["type"] not in ("missing",):
+        msg = f"{msg} (got {first['input']!r})"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _parse_override_value(text: str) -> Any:
+    # YAML scalars, so `--set stop.max_steps=10` gives an int and `--set cluster.use_gpu=true` a bool.
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides to the raw YAML mapping (before validation)."""
+    data = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected key.sub=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: cannot set below {part!r}, which is not a section")
+            node = child
+        node[parts[-1]] = _parse_override_value(value)
+    return data
+
+
+def config_from_mapping(raw: Any, overrides: list[str] | None = None) -> ExperimentConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("(top level): expected a mapping of sections")
+    data = apply_overrides(raw, overrides or [])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_pydantic_error(err)) from None
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate an experiment YAML. Raises ConfigError (one line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: experiment file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
+    return config_from_mapping(raw, overrides)

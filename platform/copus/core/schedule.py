@@ -1,0 +1,52 @@
+"""Learning rate as a pure function of (samples seen, current GBS).
+
+Counted in samples, not steps, because COPUS changes the step length (GBS) during training:
+warm-up and decay must mean the same amount of data whatever the batch size was.
+The batch-size rule rescales the base LR, given at `reference_gbs`, to the current GBS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def batch_scale(rule: str, gbs: int, reference_gbs: int) -> float:
+    """LR multiplier for training at `gbs` instead of `reference_gbs`.
+
+    sqrt: Adam/AdamW (Malladi et al. 2022; the COPUS and AdaptDL default); linear: SGD
+    (Goyal et al. 2017); none: keep the LR.
+    """
+    ratio = gbs / reference_gbs
+    if rule == "sqrt":
+        return math.sqrt(ratio)
+    if rule == "linear":
+        return ratio
+    if rule == "none":
+        return 1.0
+    raise ValueError(f"optimizer.lr_scaling: unknown rule {rule!r}")
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    base_lr: float
+    reference_gbs: int
+    scaling: str = "sqrt"
+    warmup_samples: int = 0
+    decay: str = "constant"  # or "cosine"
+    decay_samples: int | None = None
+    min_lr_ratio: float = 0.1
+
+    def shape(self, samples_seen: int) -> float:
+        """Warm-up and decay factor in [0, 1] for the step that starts at `samples_seen`."""
+        if self.warmup_samples and samples_seen < self.warmup_samples:
+            # +1 sample so the very first step does not take a zero LR.
+            return (samples_seen + 1) / self.warmup_samples
+        if self.decay == "cosine":
+            assert self.decay_samples is not None
+            progress = min(1.0, (samples_seen - self.warmup_samples) / max(1, self.decay_samples - self.warmup_samples))
+            return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    def lr(self, samples_seen: int, gbs: int) -> float:
+        return self.base_lr * batch_scale(self.scaling, gbs, self.reference_gbs) * self.shape(samples_seen)

@@ -1,0 +1,48 @@
+"""Human-readable live progress and the closing summary (pure formatting, no I/O)."""
+
+from __future__ import annotations
+
+from copus.train.plan import StopRule
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60:02d}:{rem % 60:02d}"
+
+
+def eta_to_budget(record: dict, stop: StopRule) -> float | None:
+    """Seconds until the first budget (steps, samples, wall-clock) runs out at the current rate."""
+    step_time, per_s = record["step_time_s"], record["samples_per_s"]
+    left = []
+    if stop.max_steps is not None:
+        left.append((stop.max_steps - record["step"]) * step_time)
+    if stop.max_samples is not None:
+        left.append((stop.max_samples - record["samples"]) / per_s)
+    if stop.max_wall_clock_s is not None:
+        left.append(stop.max_wall_clock_s - record["wall_clock_s"])
+    return max(0.0, min(left)) if left else None
+
+
+def progress_line(record: dict, stop: StopRule, last_val: float | None) -> str | None:
+    kind = record.get("kind")
+    if kind == "step":
+        eta = eta_to_budget(record, stop)
+        val = f" | val {last_val:.4f}" if last_val is not None else ""
+        return (f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | loss {record['train_loss']:.4f}{val}"
+                f" | {record['samples_per_s']:.1f} samples/s | gbs {record['gbs']} mbs {record['mbs']}"
+                f" | ETA to budget {_clock(eta) if eta is not None else 'n/a'}")
+    if kind == "eval":
+        target = f" (target {stop.target_val_loss})" if stop.target_val_loss is not None else ""
+        return f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | validation loss {record['val_loss']:.4f}{target}"
+    return None
+
+
+def summary_text(summary: dict) -> str:
+    ttt = summary.get("time_to_target_s")
+    reached = f"reached in {ttt:.1f} s" if summary["reached_target"] else "not reached"
+    val = summary["final_val_loss"]
+    return "\n".join([
+        f"policy {summary['policy']}: {summary['steps']} steps, {summary['samples']} samples, {summary['wall_clock_s']:.1f} s wall-clock",
+        f"final validation loss {val:.4f}; target {summary.get('target_val_loss')}: {reached} (stopped by {summary['stop_reason']})",
+    ])

@@ -1,0 +1,66 @@
+"""What the driver keeps in OUTPUT_DIR between launches of the same run.
+
+`run_state.json` ties an output directory to one MLflow run and one workload, and carries the
+wall-clock already spent, so a relaunch resumes the same run (same MLflow run, clock keeps
+counting) and a relaunch with a different workload is refused instead of loading a
+checkpoint that cannot fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from copus.config import ConfigError, ExperimentConfig
+
+RUN_STATE = "run_state.json"
+RAY_STORAGE = "ray"
+RAY_RUN_NAME = "train"
+
+
+@dataclass
+class RunState:
+    resume_key: str
+    mlflow_run_id: str | None = None
+    elapsed_s: float = 0.0
+    launches: int = 0
+
+
+def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
+    """What must not change for a checkpoint to be resumable: the model and the data."""
+    w = cfg.workload
+    ident = {"model": w.model, "seq_len": w.seq_len, "seed": w.seed, "data": data_fingerprint}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ray_storage(output_dir: Path) -> Path:
+    return output_dir / RAY_STORAGE
+
+
+def clear_run(output_dir: Path) -> None:
+    """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
+    shutil.rmtree(ray_storage(output_dir), ignore_errors=True)
+    for name in (RUN_STATE, "summary.json"):
+        (output_dir / name).unlink(missing_ok=True)
+
+
+def load_run_state(output_dir: Path, key: str) -> RunState:
+    path = output_dir / RUN_STATE
+    if not path.is_file():
+        return RunState(resume_key=key)
+    state = RunState(**json.loads(path.read_text()))
+    if state.resume_key != key:
+        raise ConfigError(f"output_dir: {output_dir} holds a run of another workload (model, seq_len, seed or data "
+                          f"changed); use --fresh to start over there, or another output_dir")
+    return state
+
+
+def save_run_state(output_dir: Path, state: RunState) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir / f".{RUN_STATE}.tmp"
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, output_dir / RUN_STATE)

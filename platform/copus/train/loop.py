@@ -1,0 +1,223 @@
+"""The worker-side training loop: one function a reader can follow from top to bottom.
+
+It knows nothing about Ray: the cluster layer injects `LoopHooks` (where metrics go, how a
+checkpoint directory reaches storage, where to resume from). A plain torch.multiprocessing
+test can run the same loop.
+
+Data parallelism and gradient accumulation: each of the dp replicas takes its contiguous
+block of the step's GBS samples and accumulates m = GBS / (dp x MBS) micro-batches, each
+loss scaled by 1/m, with the DDP all-reduce only on the last micro-batch; the reduced
+gradient is then exactly the gradient of the mean loss over the global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from copus.train.checkpoint import load_checkpoint, save_checkpoint
+from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
+from copus.train.plan import WorkerPlan
+from workloads.flavours import FLAVOURS
+from workloads.llama import build_model
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclass
+class LoopHooks:
+    # Rank 0 hands every metrics record to this (the driver logs it to MLflow).
+    emit: Callable[[dict], None] = lambda record: None
+    # Every rank hands its local checkpoint directory and rank-0 metrics to storage; the
+    # directory may be deleted after the call returns.
+    persist_checkpoint: Callable[[Path, dict], None] = lambda path, metrics: None
+    # A checkpoint directory to resume from (every rank sees the same one), or None.
+    resume_from: Path | None = None
+    # Wall-clock origin of the run (time.time() units), so relaunches keep counting.
+    clock_origin: float = field(default_factory=time.time)
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t
+
+
+def _broadcast_flag(value: bool, device: torch.device) -> bool:
+    """Rank 0 decides; everyone follows (wall-clock checks may differ across ranks)."""
+    t = torch.tensor([1 if value else 0], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 else decay).append(p)  # norms and biases: no weight decay
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, windows: TokenWindows, count: int, rank: int, world: int,
+             chunk: int, device: torch.device, autocast) -> float:
+    """Mean token loss over the fixed validation set, sharded over ranks."""
+    model.eval()
+    mine = validation_indices(windows, count)[rank::world]
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for i in range(0, len(mine), chunk):
+        inputs, targets = windows.batch(mine[i:i + chunk])
+        with autocast():
+            logits = model(inputs.to(device))
+        total[0] += _token_loss(logits, targets.to(device), reduction="sum").double()
+        total[1] += targets.numel()
+    _all_reduce(total)
+    model.train()
+    return float(total[0] / total[1])
+
+
+def run_training(plan: WorkerPlan, hooks: LoopHooks) -> dict:
+    """Train until the stop rule fires. Returns the final state (identical on every rank)."""
+    from accelerate import Accelerator  # heavy import, kept off the module import path
+
+    rank, world = _world()
+    if world != plan.dp:
+        raise ValueError(f"world size {world} does not match the data-parallel degree {plan.dp}")
+    accelerator = Accelerator(cpu=not plan.use_gpu, mixed_precision=plan.mixed_precision)
+    device = accelerator.device
+
+    torch.manual_seed(plan.seed)
+    model = build_model(FLAVOURS[plan.model], plan.seq_len, plan.seed)
+    o = plan.optimizer
+    optimizer = torch.optim.AdamW(_param_groups(model, o.weight_decay), lr=plan.lr.base_lr, betas=o.betas, eps=o.eps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    train_windows = TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len)
+    val_windows = TokenWindows(plan.val_tokens, plan.token_dtype, plan.seq_len)
+    validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
+    stream = TrainStream(train_windows, plan.seed)
+
+    state = {"step": 0, "samples": 0, "time_to_target_s": None, "best_val_loss": None, "last_val_loss": None,
+             "last_val_step": None}
+    if hooks.resume_from is not None:
+        saved = load_checkpoint(hooks.resume_from, model, optimizer, rank)
+        stream.load_state_dict(saved["data"])
+        state.update({k: saved[k] for k in state})
+
+    def wall() -> float:
+        return time.time() - hooks.clock_origin
+
+    def trainer_state() -> dict:
+        return {**state, "data": stream.state_dict(), "wall_clock_s": wall()}
+
+    def checkpoint() -> None:
+        t = time.perf_counter()
+        local = Path(tempfile.mkdtemp(prefix=f"copus-ckpt-r{rank}-"))
+        try:
+            save_checkpoint(local, model, optimizer, trainer_state(), rank)
+            hooks.persist_checkpoint(local, {"step": state["step"], "samples": state["samples"]})
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+        if rank == 0:
+            hooks.emit({"kind": "checkpoint", "step": state["step"], "wall_clock_s": wall(),
+                        "checkpoint_time_s": time.perf_counter() - t})
+
+    def run_eval() -> float:
+        t = time.perf_counter()
+        val = evaluate(model, val_windows, plan.val_samples, rank, world, max(plan.mbs, 8), device, accelerator.autocast)
+        state["last_val_loss"], state["last_val_step"] = val, state["step"]
+        state["best_val_loss"] = val if state["best_val_loss"] is None else min(val, state["best_val_loss"])
+        target = plan.stop.target_val_loss
+        reached = target is not None and val <= target
+        if reached and state["time_to_target_s"] is None:
+            state["time_to_target_s"] = wall()
+        if rank == 0:
+            hooks.emit({"kind": "eval", "step": state["step"], "samples": state["samples"], "val_loss": val,
+                        "wall_clock_s": wall(), "eval_time_s": time.perf_counter() - t})
+        return val
+
+    # A fresh run records the loss at the initial weights, the start of every loss curve.
+    if state["step"] == 0:
+        run_eval()
+
+    stop_reason = None
+    if state["time_to_target_s"] is not None:
+        stop_reason = "target_val_loss"  # resumed a run that had already reached its target
+    model.train()
+    while stop_reason is None:
+        budget = plan.stop.budget_reason(state["step"], state["samples"], wall())
+        if _broadcast_flag(budget is not None, device):
+            stop_reason = budget or "budget"
+            break
+        gbs, mbs = plan.gbs, plan.mbs
+        t_step = time.perf_counter()
+        lr = plan.lr.lr(state["samples"], gbs)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = replica_batch(stream.next_global_batch(gbs), rank, plan.dp, mbs)
+        m = len(batch.microbatches)
+        loss_sum = torch.zeros((), device=device)
+        for j, micro in enumerate(batch.microbatches):
+            inputs, targets = train_windows.batch(micro)
+            # Gradients are all-reduced once per step, on the last micro-batch.
+            sync = contextlib.nullcontext() if j == m - 1 else accelerator.no_sync(model)
+            with sync, accelerator.autocast():
+                loss = _token_loss(model(inputs.to(device)), targets.to(device)) / m
+                accelerator.backward(loss)
+            loss_sum += loss.detach()
+        t_compute = time.perf_counter() - t_step
+        train_loss = float(_all_reduce(loss_sum.clone()) / world)
+        if not math.isfinite(train_loss):
+            raise NonFiniteLossError(f"non-finite training loss at step {state['step'] + 1}")
+        grad_norm = None
+        if o.grad_clip is not None:
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), o.grad_clip))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step_time = time.perf_counter() - t_step
+        state["step"] += 1
+        state["samples"] += gbs
+
+        if rank == 0 and state["step"] % plan.report_every_steps == 0:
+            hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": train_loss,
+                        "lr": lr, "gbs": gbs, "mbs": mbs, "microbatches": m, "dp": plan.dp, "tp": 1, "pp": 1,
+                        "step_time_s": step_time, "compute_time_s": t_compute,
+                        "optimizer_time_s": step_time - t_compute, "grad_norm": grad_norm,
+                        "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
+                        "wall_clock_s": wall()})
+        if state["step"] % plan.eval_every_steps == 0:
+            val = run_eval()
+            if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:
+                stop_reason = "target_val_loss"
+        if stop_reason is None and state["step"] % plan.checkpoint_every_steps == 0:
+            checkpoint()
+
+    if state["last_val_step"] != state["step"]:
+        run_eval()  # the final model's validation loss, always measured
+    checkpoint()
+    result = {**trainer_state(), "stop_reason": stop_reason}
+    if rank == 0:
+        hooks.emit({"kind": "end", **result})
+    return result

@@ -1,0 +1,87 @@
+"""The plain values a training worker needs, cut out of the typed config at the edge.
+
+Workers never see `ExperimentConfig`: they get a `WorkerPlan`, which pickles cheaply to Ray
+workers and is trivial to build by hand in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from copus.config import ExperimentConfig
+from copus.core.schedule import LRSchedule
+
+
+@dataclass(frozen=True)
+class StopRule:
+    target_val_loss: float | None = None
+    max_steps: int | None = None
+    max_samples: int | None = None
+    max_wall_clock_s: float | None = None
+
+    def budget_reason(self, steps: int, samples: int, wall_clock_s: float) -> str | None:
+        """Why the budget is spent after this step, or None."""
+        if self.max_steps is not None and steps >= self.max_steps:
+            return "max_steps"
+        if self.max_samples is not None and samples >= self.max_samples:
+            return "max_samples"
+        if self.max_wall_clock_s is not None and wall_clock_s >= self.max_wall_clock_s:
+            return "max_wall_clock_s"
+        return None
+
+
+@dataclass(frozen=True)
+class OptimizerPlan:
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    model: str
+    seq_len: int
+    seed: int
+    train_tokens: str
+    val_tokens: str
+    token_dtype: str
+    gbs: int
+    mbs: int
+    dp: int
+    lr: LRSchedule
+    optimizer: OptimizerPlan = field(default_factory=OptimizerPlan)
+    stop: StopRule = field(default_factory=StopRule)
+    eval_every_steps: int = 20
+    val_samples: int = 64
+    checkpoint_every_steps: int = 50
+    report_every_steps: int = 1
+    use_gpu: bool = False
+    mixed_precision: str = "no"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_from_config(cfg: ExperimentConfig, train_tokens: str, val_tokens: str, token_dtype: str) -> WorkerPlan:
+    o, s = cfg.optimizer, cfg.schedule
+    return WorkerPlan(
+        model=cfg.workload.model,
+        seq_len=cfg.workload.seq_len,
+        seed=cfg.workload.seed,
+        train_tokens=train_tokens,
+        val_tokens=val_tokens,
+        token_dtype=token_dtype,
+        gbs=cfg.batch.gbs,
+        mbs=cfg.batch.mbs,
+        dp=cfg.parallel.dp,
+        lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
+        optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
+        stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s),
+        eval_every_steps=cfg.eval.every_steps,
+        val_samples=cfg.eval.val_samples,
+        checkpoint_every_steps=cfg.checkpoint.every_steps,
+        report_every_steps=cfg.cluster.report_every_steps,
+        use_gpu=cfg.cluster.use_gpu,
+        mixed_precision=cfg.cluster.mixed_precision,
+    )

@@ -1,0 +1,188 @@
+"""Datasets as token files: the built-in corpus (the Python standard library's source, present
+on every machine without a download) and a user's own `.txt`, `.jsonl` or pre-tokenised `.bin`.
+
+Every dataset becomes two flat token files, train and validation, plus a metadata file with a
+fingerprint of the tokens, so runs on different machines can be told apart or matched. Files
+are written to a temporary name and renamed, so a crash or a concurrent builder never leaves a
+torn file behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Byte-level tokens: one token per byte. Documents are joined with a NUL byte, which never
+# occurs in source text, as an end-of-document marker.
+DOC_SEPARATOR = b"\x00"
+CORPUS_VERSION = 1  # bump when the way tokens are built changes
+
+
+class DatasetError(ValueError):
+    """A dataset problem, phrased as one line naming the field or file."""
+
+
+@dataclass(frozen=True)
+class TokenFiles:
+    train: Path
+    val: Path
+    dtype: str
+    fingerprint: str  # sha256 of the train and validation tokens
+    description: str  # what the corpus was made of, for humans and MLflow
+
+    def as_dict(self) -> dict:
+        return {"train": str(self.train), "val": str(self.val), "dtype": self.dtype,
+                "fingerprint": self.fingerprint, "description": self.description}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("COPUS_CACHE", Path.home() / ".cache" / "copus"))
+
+
+def stdlib_source_files() -> tuple[Path, list[Path]]:
+    """The standard library's .py files in a fixed order. site-packages and dist-packages
+    (third-party code that differs from machine to machine) are left out."""
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        files.extend(Path(dirpath) / name for name in sorted(filenames) if name.endswith(".py"))
+    return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_split(out_dir: Path, train: np.ndarray, val: np.ndarray, description: str) -> TokenFiles:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    digest.update(train.tobytes())
+    digest.update(val.tobytes())
+    meta = {"version": CORPUS_VERSION, "dtype": str(train.dtype), "fingerprint": digest.hexdigest(),
+            "description": description, "train_tokens": int(train.size), "val_tokens": int(val.size)}
+    _atomic_write_bytes(out_dir / "train.bin", train.tobytes())
+    _atomic_write_bytes(out_dir / "val.bin", val.tobytes())
+    # meta.json last: its presence marks the cache entry complete.
+    _atomic_write_bytes(out_dir / "meta.json", json.dumps(meta, indent=2).encode())
+    return _read_cached(out_dir)
+
+
+def _read_cached(out_dir: Path) -> TokenFiles | None:
+    meta_path = out_dir / "meta.json"
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    return TokenFiles(out_dir / "train.bin", out_dir / "val.bin", meta["dtype"], meta["fingerprint"], meta["description"])
+
+
+def _split_tail(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    n_val = max(1, int(len(tokens) * val_fraction))
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([CORPUS_VERSION, *parts], default=str).encode()).hexdigest()[:16]
+
+
+def build_stdlib(val_fraction: float, cache_dir: Path) -> TokenFiles:
+    root, files = stdlib_source_files()
+    listing = [(p.relative_to(root).as_posix(), p.stat().st_size) for p in files]
+    out_dir = cache_dir / "stdlib" / _key(sys.version, listing, val_fraction)
+    cached = _read_cached(out_dir)
+    if cached:
+        return cached
+    data = DOC_SEPARATOR.join(p.read_bytes() for p in files)
+    tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
+    train, val = _split_tail(tokens, val_fraction)
+    desc = (f"Python {sys.version.split()[0]} standard library .py files under {root} "
+            f"(site-packages excluded), {len(files)} files, {len(data) / 1e6:.1f} MB, byte tokens")
+    return _write_split(out_dir, train, val, desc)
+
+
+def _text_documents(path: Path, kind: str, text_field: str) -> list[bytes]:
+    if kind == "txt":
+        return [path.read_bytes()]
+    docs = []
+    with open(path, "rb") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                raise DatasetError(f"{path}:{line_no}: no string field {text_field!r} (workload.dataset.text_field)")
+            docs.append(record[text_field].encode("utf-8"))
+    return docs
+
+
+def _tokens_of_text_file(path: Path, kind: str, text_field: str) -> np.ndarray:
+    data = DOC_SEPARATOR.join(_text_documents(path, kind, text_field))
+    return np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
+
+
+def _tokens_of_bin(path: Path, dtype: str, vocab_size: int) -> np.ndarray:
+    itemsize = np.dtype(dtype).itemsize
+    if path.stat().st_size % itemsize:
+        raise DatasetError(f"{path}: size {path.stat().st_size} is not a multiple of {itemsize} bytes (workload.dataset.dtype: {dtype})")
+    tokens = np.fromfile(path, dtype=dtype)
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        raise DatasetError(f"{path}: token id {int(tokens.max())} is outside the model's vocabulary of {vocab_size}")
+    return tokens
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_user(kind: str, path: Path, val_path: Path | None, text_field: str, dtype: str,
+               val_fraction: float, vocab_size: int, cache_dir: Path) -> TokenFiles:
+    sources = [path] + ([val_path] if val_path else [])
+    out_dir = cache_dir / "user" / _key(kind, [_file_digest(p) for p in sources], text_field, dtype, val_fraction)
+    cached = _read_cached(out_dir)
+    if cached:
+        return cached
+
+    def load(p: Path) -> np.ndarray:
+        if kind == "bin":
+            return _tokens_of_bin(p, dtype, vocab_size)
+        if vocab_size < 256:
+            raise DatasetError(f"{p}: byte-level text needs a vocabulary of at least 256 (workload.model)")
+        return _tokens_of_text_file(p, kind, text_field)
+
+    tokens = load(path)
+    if val_path:
+        train, val = tokens, load(val_path)
+    else:
+        train, val = _split_tail(tokens, val_fraction)
+    desc = f"{kind} file {path}" + (f" with validation file {val_path}" if val_path else f", last {val_fraction:.1%} held out")
+    return _write_split(out_dir, train, val, desc)
+
+
+def prepare_dataset(kind: str, path: str | None, val_path: str | None, text_field: str, dtype: str,
+                    val_fraction: float, vocab_size: int, cache_dir: str | None) -> TokenFiles:
+    """Build (or find in the cache) the token files of a dataset."""
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    if kind == "stdlib":
+        return build_stdlib(val_fraction, cache)
+    assert path is not None
+    return build_user(kind, Path(path).expanduser().resolve(), Path(val_path).expanduser().resolve() if val_path else None,
+                      text_field, dtype, val_fraction, vocab_size, cache)

@@ -1,0 +1,83 @@
+"""Named Llama-style model flavours: tiny ones that train on a CPU, and the published
+architectures of large models as shape data (for memory and throughput models).
+
+Pure data: no torch import, so the config validator and `copus.core` can use it.
+Shapes of the large models are from their published configs (Hugging Face config.json of
+meta-llama/Llama-3.2-3B, meta-llama/Llama-2-7b-hf, meta-llama/Llama-2-13b-hf,
+Qwen/Qwen2.5-32B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Above this many parameters a flavour is never instantiated on a CPU.
+CPU_PARAM_LIMIT = 50_000_000
+
+
+@dataclass(frozen=True)
+class ModelFlavour:
+    name: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"{self.name}: dim {self.dim} not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{self.name}: n_heads {self.n_heads} not divisible by n_kv_heads {self.n_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def layer_param_count(self) -> int:
+        kv_dim = self.n_kv_heads * self.head_dim
+        attn = self.dim * self.dim * 2 + self.dim * kv_dim * 2  # wq, wo, wk, wv
+        if self.qkv_bias:
+            attn += self.dim + 2 * kv_dim
+        mlp = 3 * self.dim * self.ffn_dim
+        return attn + mlp + 2 * self.dim  # two RMSNorm weights
+
+    def param_count(self) -> int:
+        embed = self.vocab_size * self.dim
+        head = 0 if self.tie_embeddings else self.vocab_size * self.dim
+        return embed + head + self.n_layers * self.layer_param_count() + self.dim
+
+    @property
+    def trainable_on_cpu(self) -> bool:
+        return self.param_count() <= CPU_PARAM_LIMIT
+
+
+def _flavours(*items: ModelFlavour) -> dict[str, ModelFlavour]:
+    return {f.name: f for f in items}
+
+
+BYTE_VOCAB = 256  # byte-level tokens for the built-in corpus and .txt/.jsonl files
+
+FLAVOURS: dict[str, ModelFlavour] = _flavours(
+    # ~0.13 M parameters: unit tests and multi-process equivalence checks.
+    ModelFlavour("debug", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=BYTE_VOCAB, max_seq_len=512),
+    # ~0.8 M parameters: the quickstart; trains to ~2 nats/byte on 2 CPU cores in minutes.
+    ModelFlavour("tiny", dim=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=352, vocab_size=BYTE_VOCAB, max_seq_len=1024),
+    # ~3.1 M parameters: a slower CPU workload where layout choice matters more.
+    ModelFlavour("small", dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=BYTE_VOCAB, max_seq_len=1024),
+    # Published architectures, shape data only on CPU.
+    ModelFlavour("llama-3.2-3b", dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192, vocab_size=128256,
+                 max_seq_len=131072, rope_theta=500000.0, tie_embeddings=True),
+    ModelFlavour("llama-2-7b", dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008, vocab_size=32000,
+                 max_seq_len=4096),
+    ModelFlavour("llama-2-13b", dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824, vocab_size=32000,
+                 max_seq_len=4096),
+    ModelFlavour("qwen-2.5-32b", dim=5120, n_layers=64, n_heads=40, n_kv_heads=8, ffn_dim=27648, vocab_size=152064,
+                 max_seq_len=131072, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True),
+)

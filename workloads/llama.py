@@ -1,0 +1,149 @@
+"""A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, causal (grouped-query)
+attention.
+
+Layers live in a ModuleDict keyed "0".."n-1" so that a pipeline stage that keeps only some
+layers (or drops the embedding / head by setting them to None) keeps the parameter names
+of the full model, and checkpoints line up across layouts.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.flavours import ModelFlavour
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 for stability under bf16 autocast.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (batch, seq, heads, head_dim); rotate pairs (even, odd).
+    seq = x.shape[1]
+    cos = cos[:seq].view(1, seq, 1, -1)
+    sin = sin[:seq].view(1, seq, 1, -1)
+    x_even, x_odd = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, f: ModelFlavour):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = f.n_heads, f.n_kv_heads, f.head_dim
+        self.wq = nn.Linear(f.dim, f.n_heads * f.head_dim, bias=f.qkv_bias)
+        self.wk = nn.Linear(f.dim, f.n_kv_heads * f.head_dim, bias=f.qkv_bias)
+        self.wv = nn.Linear(f.dim, f.n_kv_heads * f.head_dim, bias=f.qkv_bias)
+        self.wo = nn.Linear(f.n_heads * f.head_dim, f.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        # -1 for the head count: under tensor parallelism each rank holds a slice of heads.
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        repeat = q.shape[2] // k.shape[2]
+        if repeat > 1:
+            k = k.repeat_interleave(repeat, dim=2)
+            v = v.repeat_interleave(repeat, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, f: ModelFlavour):
+        super().__init__()
+        self.w1 = nn.Linear(f.dim, f.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(f.dim, f.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(f.ffn_dim, f.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, f: ModelFlavour):
+        super().__init__()
+        self.attention_norm = RMSNorm(f.dim, f.norm_eps)
+        self.attention = Attention(f)
+        self.ffn_norm = RMSNorm(f.dim, f.norm_eps)
+        self.feed_forward = FeedForward(f)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, flavour: ModelFlavour, seq_len: int):
+        super().__init__()
+        self.flavour = flavour
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(flavour.vocab_size, flavour.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(flavour) for i in range(flavour.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(flavour.dim, flavour.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(flavour.dim, flavour.vocab_size, bias=False)
+        cos, sin = rope_tables(flavour.head_dim, seq_len, flavour.rope_theta)
+        # Buffers, not parameters: recomputed, never checkpointed.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if flavour.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) int64 -> logits (batch, seq, vocab); a pipeline stage without an
+        embedding takes hidden states instead, and one without a head returns them."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+
+@torch.no_grad()
+def init_weights(model: Transformer, seed: int) -> None:
+    """Deterministic initialisation from `seed` (the same on every rank and layout)."""
+    n_layers = model.flavour.n_layers
+    for name, param in model.named_parameters():
+        # One generator per parameter, seeded from its name: a pipeline stage or a tensor-parallel
+        # rank that builds only part of the model gets exactly the same values for that part.
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            std = 0.02
+            # Output projections of residual branches scaled down (GPT-2 / Llama practice).
+            if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                std = 0.02 / math.sqrt(2 * n_layers)
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
+def build_model(flavour: ModelFlavour, seq_len: int, seed: int) -> Transformer:
+    if not flavour.trainable_on_cpu and not torch.cuda.is_available():
+        raise ValueError(f"workload.model: {flavour.name!r} is too large to instantiate without a GPU")
+    model = Transformer(flavour, seq_len)
+    init_weights(model, seed)
+    return model
