@@ -127,7 +127,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
             line = progress_line(record, plan.stop, last_val)
             if line:
                 echo(line)
-                last_print = time.time()
+                if record["kind"] == "step":
+                    last_print = time.time()
         state.elapsed_s = time.time() - clock_origin
         save_run_state(out, state)
         if not alive:

@@ -98,8 +98,10 @@ def evaluate(model: torch.nn.Module, windows: TokenWindows, count: int, rank: in
     return float(total[0] / total[1])
 
 
-def run_training(plan: WorkerPlan, hooks: LoopHooks) -> dict:
-    """Train until the stop rule fires. Returns the final state (identical on every rank)."""
+def run_training(plan: WorkerPlan, hooks: LoopHooks,
+                 on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
+    """Train until the stop rule fires. Returns the final state (identical on every rank).
+    `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
     from accelerate import Accelerator  # heavy import, kept off the module import path
 
     rank, world = _world()
@@ -217,6 +219,8 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks) -> dict:
     if state["last_val_step"] != state["step"]:
         run_eval()  # the final model's validation loss, always measured
     checkpoint()
+    if on_finish is not None:
+        on_finish(model)
     result = {**trainer_state(), "stop_reason": stop_reason}
     if rank == 0:
         hooks.emit({"kind": "end", **result})

@@ -1,0 +1,114 @@
+"""The typed experiment config: good input loads, bad input is refused with one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from copus.config import ConfigError, config_from_mapping, load_config
+from tests.conftest import REPO
+
+
+def _with(mapping: dict, path: str, value) -> dict:
+    node = mapping
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return mapping
+
+
+def test_quickstart_and_templates_validate():
+    cfg = load_config(REPO / "experiments" / "quickstart.yaml")
+    assert cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp == cfg.cluster.num_workers
+    assert cfg.stop.target_val_loss is not None
+
+
+def test_defaults_and_derived_values(base_mapping):
+    cfg = config_from_mapping(base_mapping)
+    assert cfg.world_size == 2
+    assert cfg.microbatches_per_replica == 2  # 8 / (2 x 2)
+    assert cfg.optimizer.lr_scaling == "sqrt"
+    assert cfg.resolved_tracking_uri().startswith("sqlite:///")
+
+
+BAD = [
+    ("batch.gbs", 30, "batch.gbs: 30 is not divisible by parallel.dp x batch.mbs = 2 x 2"),
+    ("batch.mbs", 0, "batch.mbs: Input should be greater than or equal to 1"),
+    ("batch.gbs", "many", "batch.gbs: Input should be a valid integer"),
+    ("optimizer.lr", -1.0, "optimizer.lr: Input should be greater than 0"),
+    ("optimizer.name", "sgd", "optimizer.name: Input should be 'adamw'"),
+    ("batch.foo", 3, "batch.foo: unknown key"),
+    ("surprise", 1, "surprise: unknown key"),
+    ("cluster.num_workers", 3, "cluster.num_workers: 3 does not match the layout parallel.dp x tp x pp = 2 x 1 x 1 = 2"),
+    ("parallel.tp", 3, "parallel.tp: 3: tensor parallelism is not available"),
+    ("workload.model", "gpt5", "workload.model: unknown flavour 'gpt5'"),
+    ("workload.model", "llama-2-7b", "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description for GPU clusters"),
+    ("workload.seq_len", 4096, "workload.seq_len: 4096 exceeds the flavour's max_seq_len 512"),
+    ("workload.dataset.kind", "txt", "workload.dataset.path: required when workload.dataset.kind is 'txt'"),
+    ("policy.name", "copus", "policy.name: 'copus' is not available in this version"),
+    ("stop", {}, "stop: set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s"),
+    ("schedule.decay", "cosine", "schedule.decay_samples: required when schedule.decay is 'cosine'"),
+    ("cluster.mixed_precision", "fp16", "cluster.mixed_precision: fp16 needs cluster.use_gpu: true"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", BAD, ids=[f"{p}={v!r}" for p, v, _ in BAD])
+def test_bad_values_name_the_field(base_mapping, path, value, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(_with(base_mapping, path, value))
+    text = str(err.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+
+
+def test_missing_dataset_file_is_named(base_mapping, tmp_path):
+    _with(base_mapping, "workload.dataset", {"kind": "txt", "path": str(tmp_path / "nope.txt")})
+    with pytest.raises(ConfigError, match=r"^workload\.dataset\.path: file not found: .*nope\.txt$"):
+        config_from_mapping(base_mapping)
+
+
+def test_overrides_are_typed_and_nested(base_mapping):
+    cfg = config_from_mapping(base_mapping, ["batch.gbs=16", "cluster.use_gpu=false", "stop.target_val_loss=2.5",
+                                             "tracking.run_name=abc"])
+    assert cfg.batch.gbs == 16 and cfg.cluster.use_gpu is False and cfg.stop.target_val_loss == 2.5
+    assert cfg.tracking.run_name == "abc"
+    with pytest.raises(ConfigError, match=r"^--set batch\.gbs: expected key\.sub=value$"):
+        config_from_mapping(base_mapping, ["batch.gbs"])
+    with pytest.raises(ConfigError, match=r"^batch\.gbs\.x: cannot set below 'gbs'"):
+        config_from_mapping(base_mapping, ["batch.gbs.x=1"])
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch:\n  gbs: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: line \d+ not valid YAML"):
+        load_config(bad)
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "copus.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_cli_refuses_bad_input_with_exit_2_and_starts_nothing(base_mapping, tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(base_mapping))
+    for command in ("validate", "run"):
+        proc = _cli(command, str(exp), "--set", "batch.gbs=7", cwd=tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == "copus: batch.gbs: 7 is not divisible by parallel.dp x batch.mbs = 2 x 2"
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+    proc = _cli("validate", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert proc.returncode == 2 and "missing.yaml: experiment file not found" in proc.stderr
+
+
+def test_cli_validate_prints_the_resolved_config(base_mapping, tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(base_mapping))
+    proc = _cli("validate", str(exp), "--json", "--set", "batch.gbs=16", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["batch"]["gbs"] == 16

@@ -1,0 +1,76 @@
+"""Helpers to run the training loop in-process or on N gloo processes, without Ray."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from copus.core.schedule import LRSchedule
+from copus.train.loop import LoopHooks, run_training
+from copus.train.plan import StopRule, WorkerPlan
+from workloads.corpus import prepare_dataset
+
+
+def small_plan(cache_dir: Path, **changes) -> WorkerPlan:
+    files = prepare_dataset("stdlib", None, None, "text", "uint16", 0.01, 256, str(cache_dir))
+    plan = WorkerPlan(model="debug", seq_len=32, seed=7, train_tokens=str(files.train), val_tokens=str(files.val),
+                      token_dtype=files.dtype, gbs=8, mbs=2, dp=1, lr=LRSchedule(3e-3, 8, warmup_samples=16),
+                      stop=StopRule(max_steps=6), eval_every_steps=3, val_samples=8, checkpoint_every_steps=3)
+    return replace(plan, **changes)
+
+
+def persist_into(root: Path):
+    """A persist hook that keeps each checkpoint in root/step<N> (ranks' files merged)."""
+    def persist(path: Path, metrics: dict) -> None:
+        shutil.copytree(path, root / f"step{metrics['step']}", dirs_exist_ok=True)
+    return persist
+
+
+def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None) -> tuple[list[dict], dict, dict]:
+    """One process. Returns (records, final state, final model parameters)."""
+    records: list[dict] = []
+    params: dict = {}
+    hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
+                      resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None)
+    final = run_training(plan, hooks, on_finish=lambda model: params.update(_params(model)))
+    return records, final, params
+
+
+def _params(model: torch.nn.Module) -> dict:
+    module = getattr(model, "module", model)
+    return {k: v.detach().cpu().clone() for k, v in module.named_parameters()}
+
+
+def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: Path, out_file: Path,
+            resume_step: int | None) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    # accelerate reads the process layout from the environment, as under torchrun or Ray.
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world)})
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        records, final, params = run_local(plan, ckpt_root, resume_step)
+        if rank == 0:
+            torch.save({"records": records, "final": final, "params": params}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path,
+                    resume_step: int | None = None) -> tuple[list[dict], dict, dict]:
+    init_file = tmp / f"init-{os.getpid()}-{id(plan)}"
+    out_file = tmp / f"out-{id(plan)}.pt"
+    mp.spawn(_worker, args=(world, str(init_file), plan, ckpt_root, out_file, resume_step), nprocs=world, join=True)
+    result = torch.load(out_file, weights_only=False)
+    return result["records"], result["final"], result["params"]
+
+
+def losses(records: list[dict], kind: str = "step", key: str = "train_loss") -> dict[int, float]:
+    return {r["step"]: r[key] for r in records if r["kind"] == kind}
