@@ -7,9 +7,12 @@ workers and is trivial to build by hand in tests.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from copus.config import ExperimentConfig
 from copus.core.schedule import LRSchedule
+
+if TYPE_CHECKING:  # the worker side never imports the typed config (nor pydantic)
+    from copus.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class WorkerPlan:
         return asdict(self)
 
 
-def plan_from_config(cfg: ExperimentConfig, train_tokens: str, val_tokens: str, token_dtype: str) -> WorkerPlan:
+def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str, token_dtype: str) -> WorkerPlan:
     o, s = cfg.optimizer, cfg.schedule
     return WorkerPlan(
         model=cfg.workload.model,

@@ -1,0 +1,80 @@
+"""Ray Train end to end: a 2-worker run trains, checkpoints, is relaunched and resumes at the
+same step with the same next loss as an uninterrupted run; MLflow holds what it should."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+
+from copus.cluster.driver import run_experiment
+from copus.config import config_from_mapping
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def test_relaunch_resumes_with_the_same_next_loss(base_mapping, tmp_path):
+    messages: list[str] = []
+    whole_cfg = config_from_mapping(base_mapping, [f"output_dir={tmp_path / 'whole'}", "tracking.run_name=whole"])
+    whole = run_experiment(whole_cfg, echo=messages.append)
+
+    cut_dir = tmp_path / "cut"
+    first = run_experiment(config_from_mapping(base_mapping, [f"output_dir={cut_dir}", "stop.max_steps=3"]), echo=messages.append)
+    assert first["steps"] == 3 and first["stop_reason"] == "max_steps"
+    resumed = run_experiment(config_from_mapping(base_mapping, [f"output_dir={cut_dir}"]), echo=messages.append)
+    assert any(m.startswith(f"resuming run in {cut_dir}") for m in messages)
+
+    # Same MLflow run across the relaunch, and the same numbers as the uninterrupted run.
+    assert resumed["mlflow_run_id"] == first["mlflow_run_id"] != whole["mlflow_run_id"]
+    assert resumed["launches"] == 2 and resumed["steps"] == whole["steps"] == 6
+    assert resumed["samples"] == whole["samples"] == 48
+    client = MlflowClient(tracking_uri=whole_cfg.resolved_tracking_uri())
+    whole_loss = _history(client, whole["mlflow_run_id"], "train_loss")
+    cut_loss = _history(client, resumed["mlflow_run_id"], "train_loss")
+    assert sorted(cut_loss) == sorted(whole_loss) == [1, 2, 3, 4, 5, 6]
+    for step in whole_loss:
+        assert cut_loss[step] == pytest.approx(whole_loss[step], rel=1e-5), step
+    assert resumed["final_val_loss"] == pytest.approx(whole["final_val_loss"], rel=1e-5)
+
+    summary = json.loads((cut_dir / "summary.json").read_text())
+    for key in ("policy", "reached_target", "time_to_target_s", "final_val_loss", "steps", "samples",
+                "wall_clock_s", "mlflow_run_id", "reconfigurations"):
+        assert key in summary
+    assert summary["reconfigurations"] == [] and summary["reached_target"] is False
+    assert summary["time_to_target_s"] is None
+
+
+def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path):
+    # A target the debug model reaches within a few steps: time_to_target_s must be logged.
+    cfg = config_from_mapping(base_mapping, ["stop.target_val_loss=5.0", "stop.max_steps=30", "tracking.run_name=target"])
+    summary = run_experiment(cfg, echo=lambda _: None)
+    assert summary["reached_target"] and summary["stop_reason"] == "target_val_loss"
+    assert 0 < summary["time_to_target_s"] <= summary["wall_clock_s"]
+
+    mlflow.set_tracking_uri(cfg.resolved_tracking_uri())
+    runs = mlflow.search_runs(experiment_names=["tests"], filter_string="tags.policy = 'static'")
+    row = runs[runs["run_id"] == summary["mlflow_run_id"]].iloc[0]
+    assert row["status"] == "FINISHED"
+    assert row["params.batch.gbs"] == "8" and row["params.parallel.dp"] == "2" and row["params.workload.model"] == "debug"
+    assert row["tags.layout"] == "dp2-tp1-pp1" and row["tags.reached_target"] == "True"
+    assert row["metrics.time_to_target_s"] == pytest.approx(summary["time_to_target_s"])
+    client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
+    for key in ("train_loss", "val_loss", "samples_per_s", "tokens_per_s", "step_time_s", "gbs", "mbs", "lr",
+                "samples", "wall_clock_s"):
+        assert client.get_metric_history(summary["mlflow_run_id"], key), key
+    steps = _history(client, summary["mlflow_run_id"], "train_loss")
+    assert sorted(steps) == list(range(1, summary["steps"] + 1))
