@@ -112,3 +112,17 @@ def test_cli_validate_prints_the_resolved_config(base_mapping, tmp_path):
     proc = _cli("validate", str(exp), "--json", "--set", "batch.gbs=16", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["batch"]["gbs"] == 16
+
+
+def test_run_refuses_a_validation_split_smaller_than_eval_val_samples(base_mapping, tmp_path):
+    text = tmp_path / "small.txt"
+    text.write_text("x" * 5000)
+    base_mapping["workload"]["dataset"] = {"kind": "txt", "path": str(text), "cache_dir": str(tmp_path / "c"),
+                                           "val_fraction": 0.02}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(base_mapping))
+    proc = _cli("run", str(exp), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("copus: eval.val_samples: the validation split (")
+    assert "has 3 samples of seq_len 32, fewer than 8" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()

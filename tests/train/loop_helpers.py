@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from copus.core.schedule import LRSchedule
-from copus.train.loop import LoopHooks, run_training
+from copus.train.local import run_local
 from copus.train.plan import StopRule, WorkerPlan
 from workloads.corpus import prepare_dataset
 
@@ -23,28 +22,6 @@ def small_plan(cache_dir: Path, **changes) -> WorkerPlan:
                       token_dtype=files.dtype, gbs=8, mbs=2, dp=1, lr=LRSchedule(3e-3, 8, warmup_samples=16),
                       stop=StopRule(max_steps=6), eval_every_steps=3, val_samples=8, checkpoint_every_steps=3)
     return replace(plan, **changes)
-
-
-def persist_into(root: Path):
-    """A persist hook that keeps each checkpoint in root/step<N> (ranks' files merged)."""
-    def persist(path: Path, metrics: dict) -> None:
-        shutil.copytree(path, root / f"step{metrics['step']}", dirs_exist_ok=True)
-    return persist
-
-
-def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None) -> tuple[list[dict], dict, dict]:
-    """One process. Returns (records, final state, final model parameters)."""
-    records: list[dict] = []
-    params: dict = {}
-    hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
-                      resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None)
-    final = run_training(plan, hooks, on_finish=lambda model: params.update(_params(model)))
-    return records, final, params
-
-
-def _params(model: torch.nn.Module) -> dict:
-    module = getattr(model, "module", model)
-    return {k: v.detach().cpu().clone() for k, v in module.named_parameters()}
 
 
 def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: Path, out_file: Path,

@@ -15,18 +15,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.worker import train_worker
-from copus.config import ExperimentConfig
+from copus.config import ConfigError, ExperimentConfig
 from copus.progress import progress_line, summary_text
 from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storage, resume_key, save_run_state)
 from copus.tracking import Tracker, flatten
+from copus.train.data import num_windows
 from copus.train.plan import plan_from_config
-from workloads.corpus import prepare_dataset
+from workloads.corpus import TokenFiles, prepare_dataset
 from workloads.flavours import FLAVOURS
 
 POLL_S = 0.5
@@ -58,14 +60,25 @@ def _scaling(cfg: ExperimentConfig) -> ScalingConfig:
     return ScalingConfig(num_workers=c.num_workers, use_gpu=c.use_gpu, resources_per_worker=resources)
 
 
+def check_dataset_fits(cfg: ExperimentConfig, tokens: TokenFiles) -> None:
+    """Refuse, before any worker starts, a dataset too small for the experiment."""
+    seq = cfg.workload.seq_len
+    for split, path, needed, field in (("train", tokens.train, 1, "workload.dataset.path"),
+                                       ("validation", tokens.val, cfg.eval.val_samples, "eval.val_samples")):
+        samples = num_windows(os.path.getsize(path) // np.dtype(tokens.dtype).itemsize, seq)
+        if samples < needed:
+            raise ConfigError(f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}")
+
+
 def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print) -> dict:
     out = cfg.resolved_output_dir()
-    if fresh:
-        clear_run(out)
-    out.mkdir(parents=True, exist_ok=True)
     ds = cfg.workload.dataset
     tokens = prepare_dataset(ds.kind, ds.path, ds.val_path, ds.text_field, ds.dtype, ds.val_fraction,
                              FLAVOURS[cfg.workload.model].vocab_size, ds.cache_dir)
+    check_dataset_fits(cfg, tokens)
+    if fresh:
+        clear_run(out)
+    out.mkdir(parents=True, exist_ok=True)
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
     plan = plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
 

@@ -17,6 +17,11 @@ import numpy as np
 import torch
 
 
+def num_windows(n_tokens: int, seq_len: int) -> int:
+    """How many samples of seq_len + 1 tokens (consecutive samples share one token) fit."""
+    return max(0, (n_tokens - 1) // seq_len)
+
+
 class TokenWindows:
     """Fixed-length windows over a flat token file (memory-mapped, never fully loaded)."""
 
@@ -24,7 +29,7 @@ class TokenWindows:
         self.path = Path(path)
         self.tokens = np.memmap(self.path, dtype=dtype, mode="r")
         self.seq_len = seq_len
-        self.num_samples = (len(self.tokens) - 1) // seq_len
+        self.num_samples = num_windows(len(self.tokens), seq_len)
         if self.num_samples < 1:
             raise ValueError(f"{self.path}: {len(self.tokens)} tokens are fewer than one sample of seq_len + 1 = {seq_len + 1}")
 

@@ -98,16 +98,26 @@ def evaluate(model: torch.nn.Module, windows: TokenWindows, count: int, rank: in
     return float(total[0] / total[1])
 
 
+def fresh_accelerator(use_gpu: bool, mixed_precision: str):
+    """An Accelerator for this run. accelerate keeps process-wide singletons and refuses a
+    second Accelerator with other settings; a worker that trains several runs (tests, and later
+    in-place reconfiguration) resets them. The process-group part (PartialState) is kept."""
+    from accelerate import Accelerator  # heavy import, kept off the module import path
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    return Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision)
+
+
 def run_training(plan: WorkerPlan, hooks: LoopHooks,
                  on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
     """Train until the stop rule fires. Returns the final state (identical on every rank).
     `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
-    from accelerate import Accelerator  # heavy import, kept off the module import path
-
     rank, world = _world()
     if world != plan.dp:
         raise ValueError(f"world size {world} does not match the data-parallel degree {plan.dp}")
-    accelerator = Accelerator(cpu=not plan.use_gpu, mixed_precision=plan.mixed_precision)
+    accelerator = fresh_accelerator(plan.use_gpu, plan.mixed_precision)
     device = accelerator.device
 
     torch.manual_seed(plan.seed)
