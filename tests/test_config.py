@@ -44,7 +44,7 @@ BAD = [
     ("batch.foo", 3, "batch.foo: unknown key"),
     ("surprise", 1, "surprise: unknown key"),
     ("cluster.num_workers", 3, "cluster.num_workers: 3 does not match the layout parallel.dp x tp x pp = 2 x 1 x 1 = 2"),
-    ("parallel.tp", 3, "parallel.tp: 3: tensor parallelism is not available"),
+    ("parallel.pp_schedule", "zb", "parallel.pp_schedule: Input should be '1f1b' or 'gpipe'"),
     ("workload.model", "gpt5", "workload.model: unknown flavour 'gpt5'"),
     ("workload.model", "llama-2-7b", "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description for GPU clusters"),
     ("workload.seq_len", 4096, "workload.seq_len: 4096 exceeds the flavour's max_seq_len 512"),
@@ -63,6 +63,30 @@ def test_bad_values_name_the_field(base_mapping, path, value, message):
     text = str(err.value)
     assert text.startswith(message), text
     assert "\n" not in text
+
+
+LAYOUTS = [
+    (["parallel.tp=3", "cluster.num_workers=6"], "parallel.tp: 3 does not divide the model's 4 attention heads"),
+    (["parallel.dp=1", "parallel.tp=4", "cluster.num_workers=4"], "parallel.tp: 4 does not divide the model's 2 KV heads"),
+    (["parallel.pp=3", "cluster.num_workers=6", "batch.gbs=24"], "parallel.pp: 3 stages exceed the model's 2 layers"),
+    (["parallel.pp=2", "cluster.num_workers=4", "batch.gbs=4"],
+     "batch.gbs: 4 gives 1 micro-batches per replica (gbs / (dp x mbs)), fewer than the 2 pipeline stages"),
+    (["parallel.pp=2", "cluster.num_workers=4", "eval.val_samples=3"],
+     "eval.val_samples: 3 gives each of the 2 replicas fewer validation samples than the 2 pipeline stages"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", LAYOUTS, ids=[" ".join(o) for o, _ in LAYOUTS])
+def test_impossible_layouts_are_refused_before_anything_starts(base_mapping, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(base_mapping, overrides)
+    assert str(err.value) == message
+
+
+def test_3d_layout_is_accepted(base_mapping):
+    cfg = config_from_mapping(base_mapping, ["parallel.tp=2", "parallel.pp=2", "cluster.num_workers=8",
+                                             "parallel.pp_schedule=gpipe"])
+    assert (cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.world_size) == (2, 2, 2, 8)
 
 
 def test_missing_dataset_file_is_named(base_mapping, tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from copus.core.layout import ModelShape
+
 # Above this many parameters a flavour is never instantiated on a CPU.
 CPU_PARAM_LIMIT = 50_000_000
 
@@ -35,6 +37,10 @@ class ModelFlavour:
             raise ValueError(f"{self.name}: dim {self.dim} not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"{self.name}: n_heads {self.n_heads} not divisible by n_kv_heads {self.n_kv_heads}")
+
+    def shape(self) -> ModelShape:
+        """What the layout rules need to know of the model."""
+        return ModelShape(self.n_layers, self.n_heads, self.n_kv_heads, self.ffn_dim, self.vocab_size)
 
     @property
     def head_dim(self) -> int:

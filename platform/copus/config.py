@@ -76,6 +76,7 @@ class ParallelConfig(_Section):
     dp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
 
 
 class PolicyConfig(_Section):
@@ -156,6 +157,7 @@ class _FieldProblem(ValueError):
 
 
 def _check_cross_fields(cfg: ExperimentConfig) -> None:
+    from copus.core.layout import layout_problems
     from workloads.flavours import FLAVOURS  # local: workloads imports nothing from copus.config
 
     p, b, s = cfg.parallel, cfg.batch, cfg.stop
@@ -166,14 +168,12 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
         raise _FieldProblem("workload.model", f"{flavour.name!r} ({flavour.param_count() / 1e9:.1f}B parameters) is a shape description for GPU clusters; set cluster.use_gpu: true")
     if cfg.workload.seq_len > flavour.max_seq_len:
         raise _FieldProblem("workload.seq_len", f"{cfg.workload.seq_len} exceeds the flavour's max_seq_len {flavour.max_seq_len}")
-    if p.tp > 1:
-        raise _FieldProblem("parallel.tp", f"{p.tp}: tensor parallelism is not available in this version (only tp: 1)")
-    if p.pp > 1:
-        raise _FieldProblem("parallel.pp", f"{p.pp}: pipeline parallelism is not available in this version (only pp: 1)")
-    if cfg.world_size != cfg.cluster.num_workers:
-        raise _FieldProblem("cluster.num_workers", f"{cfg.cluster.num_workers} does not match the layout parallel.dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {cfg.world_size}")
-    if b.gbs % (p.dp * b.mbs) != 0:
-        raise _FieldProblem("batch.gbs", f"{b.gbs} is not divisible by parallel.dp x batch.mbs = {p.dp} x {b.mbs}")
+    problems = layout_problems(p.dp, p.tp, p.pp, flavour.shape(), cfg.cluster.num_workers, b.gbs, b.mbs)
+    if problems:
+        raise _FieldProblem(*problems[0])
+    if cfg.eval.val_samples // p.dp < p.pp:
+        raise _FieldProblem("eval.val_samples", f"{cfg.eval.val_samples} gives each of the {p.dp} replicas fewer "
+                                                f"validation samples than the {p.pp} pipeline stages")
     if cfg.policy.name not in IMPLEMENTED_POLICIES:
         raise _FieldProblem("policy.name", f"{cfg.policy.name!r} is not available in this version (available: {', '.join(IMPLEMENTED_POLICIES)})")
     if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):

@@ -15,8 +15,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 # Which fields of a worker record become which MLflow metrics.
-STEP_METRICS = ("train_loss", "samples_per_s", "tokens_per_s", "step_time_s", "compute_time_s", "optimizer_time_s",
-                "grad_norm", "gbs", "mbs", "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp")
+STEP_METRICS = ("train_loss", "samples_per_s", "tokens_per_s", "step_time_s", "forward_backward_time_s",
+                "dp_allreduce_time_s", "optimizer_time_s", "pipeline_bubble_fraction", "grad_norm", "gbs", "mbs",
+                "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp")
 EVAL_METRICS = ("val_loss",)
 CHECKPOINT_METRICS = ("checkpoint_time_s",)
 _BY_KIND = {"step": STEP_METRICS, "eval": EVAL_METRICS, "checkpoint": CHECKPOINT_METRICS}

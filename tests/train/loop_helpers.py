@@ -34,8 +34,7 @@ def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         records, final, params = run_local(plan, ckpt_root, resume_step)
-        if rank == 0:
-            torch.save({"records": records, "final": final, "params": params}, out_file)
+        torch.save({"records": records, "final": final, "params": params}, f"{out_file}.{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -45,8 +44,11 @@ def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path,
     init_file = tmp / f"init-{os.getpid()}-{id(plan)}"
     out_file = tmp / f"out-{id(plan)}.pt"
     mp.spawn(_worker, args=(world, str(init_file), plan, ckpt_root, out_file, resume_step), nprocs=world, join=True)
-    result = torch.load(out_file, weights_only=False)
-    return result["records"], result["final"], result["params"]
+    ranks = [torch.load(f"{out_file}.{r}", weights_only=False) for r in range(world)]
+    params: dict = {}
+    for result in ranks:  # pipeline stages each hold their own layers
+        params.update(result["params"])
+    return ranks[0]["records"], ranks[0]["final"], params
 
 
 def losses(records: list[dict], kind: str = "step", key: str = "train_loss") -> dict[int, float]:

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 TRAINER_STATE = "trainer_state.json"
+# Optimiser state keyed per parameter name ("state.layers.0.attention.wq.weight.exp_avg"),
+# not by position in this rank's param groups: what lets another layout load it.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _rng_state() -> dict:
@@ -34,7 +37,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                     trainer_state: dict, rank: int) -> None:
     """Collective: every rank calls it with the same trainer_state."""
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
     if rank == 0:
@@ -53,10 +56,10 @@ def read_trainer_state(path: Path) -> dict:
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> dict:
     """Collective: load model and optimiser state in place, return the trainer state."""
     trainer_state = read_trainer_state(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
     rng_file = path / f"rng_rank{rank}.pt"
     if rng_file.is_file():  # absent when the checkpoint came from a smaller world
         rng = torch.load(rng_file, weights_only=False)

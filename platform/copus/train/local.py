@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
@@ -28,8 +29,10 @@ def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None)
     params: dict[str, torch.Tensor] = {}
 
     def keep_params(model: torch.nn.Module) -> None:
-        module = getattr(model, "module", model)
-        params.update({k: v.detach().cpu().clone() for k, v in module.named_parameters()})
+        # Full tensors (a collective for tensor-parallel shards); a pipeline stage has only its own.
+        for name, p in model.named_parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            params[name] = full.detach().cpu().clone()
 
     hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
                       resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None)

@@ -4,10 +4,11 @@ It knows nothing about Ray: the cluster layer injects `LoopHooks` (where metrics
 checkpoint directory reaches storage, where to resume from). A plain torch.multiprocessing
 test can run the same loop.
 
-Data parallelism and gradient accumulation: each of the dp replicas takes its contiguous
-block of the step's GBS samples and accumulates m = GBS / (dp x MBS) micro-batches, each
-loss scaled by 1/m, with the DDP all-reduce only on the last micro-batch; the reduced
-gradient is then exactly the gradient of the mean loss over the global batch.
+Every step: each of the dp replicas takes its contiguous block of the step's GBS samples and
+accumulates the gradient of its mean loss over m = GBS / (dp x MBS) micro-batches (through
+the pipeline schedule when pp > 1, over DTensor shards when tp > 1); gradients are then
+averaged over dp, so they are exactly the gradient of the mean loss over the global batch,
+and clipped by the global norm. accelerate supplies the device and mixed precision.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from copus.core.layout import bubble_fraction
+from copus.parallel.dims import ParallelDims
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
+from copus.train.engine import ParallelModel
 from copus.train.plan import WorkerPlan
 from workloads.flavours import FLAVOURS
-from workloads.llama import build_model
 
 
 class NonFiniteLossError(RuntimeError):
@@ -55,9 +57,9 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+def _all_reduce(t: torch.Tensor, group=None, size: int = 1) -> torch.Tensor:
+    if size > 1:
+        dist.all_reduce(t, group=group)
     return t
 
 
@@ -76,25 +78,20 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+def eval_chunk(samples: int, pp: int, limit: int) -> int:
+    """Evaluation micro-batch size: the largest divisor of the replica's validation samples
+    that is at most `limit` and still leaves at least pp micro-batches for the pipeline."""
+    return max(d for d in range(1, min(samples, limit) + 1) if samples % d == 0 and samples // d >= pp)
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, windows: TokenWindows, count: int, rank: int, world: int,
-             chunk: int, device: torch.device, autocast) -> float:
-    """Mean token loss over the fixed validation set, sharded over ranks."""
-    model.eval()
-    mine = validation_indices(windows, count)[rank::world]
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    for i in range(0, len(mine), chunk):
-        inputs, targets = windows.batch(mine[i:i + chunk])
-        with autocast():
-            logits = model(inputs.to(device))
-        total[0] += _token_loss(logits, targets.to(device), reduction="sum").double()
-        total[1] += targets.numel()
-    _all_reduce(total)
-    model.train()
+def evaluate(model: ParallelModel, windows: TokenWindows, count: int, chunk_limit: int) -> float:
+    """Mean token loss over the fixed validation set, sharded over the dp replicas."""
+    mine = validation_indices(windows, count)[model.dp_rank::model.dims.dp]
+    inputs, targets = windows.batch(mine)
+    total = torch.zeros(2, dtype=torch.float64, device=model.device)
+    total[0] = model.loss_sum(inputs, targets, eval_chunk(len(mine), model.dims.pp, chunk_limit)).double()
+    total[1] = targets.numel()
+    _all_reduce(total, model.dp_group, model.dims.dp)
     return float(total[0] / total[1])
 
 
@@ -115,16 +112,18 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     """Train until the stop rule fires. Returns the final state (identical on every rank).
     `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
     rank, world = _world()
-    if world != plan.dp:
-        raise ValueError(f"world size {world} does not match the data-parallel degree {plan.dp}")
+    dims = ParallelDims(plan.dp, plan.tp, plan.pp)
+    flavour = FLAVOURS[plan.model]
+    dims.validate(flavour.shape(), world_size=world, gbs=plan.gbs, mbs=plan.mbs)
     accelerator = fresh_accelerator(plan.use_gpu, plan.mixed_precision)
     device = accelerator.device
 
     torch.manual_seed(plan.seed)
-    model = build_model(FLAVOURS[plan.model], plan.seq_len, plan.seed)
+    model = ParallelModel(flavour, plan.seq_len, plan.seed, dims, device, plan.pp_schedule, accelerator.autocast)
     o = plan.optimizer
-    optimizer = torch.optim.AdamW(_param_groups(model, o.weight_decay), lr=plan.lr.base_lr, betas=o.betas, eps=o.eps)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    # foreach=False: the parameter list mixes DTensor shards and plain (replicated) tensors.
+    optimizer = torch.optim.AdamW(_param_groups(model.module, o.weight_decay), lr=plan.lr.base_lr, betas=o.betas,
+                                  eps=o.eps, foreach=False if plan.tp > 1 else None)
 
     train_windows = TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len)
     val_windows = TokenWindows(plan.val_tokens, plan.token_dtype, plan.seq_len)
@@ -134,7 +133,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     state = {"step": 0, "samples": 0, "time_to_target_s": None, "best_val_loss": None, "last_val_loss": None,
              "last_val_step": None}
     if hooks.resume_from is not None:
-        saved = load_checkpoint(hooks.resume_from, model, optimizer, rank)
+        saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
         state.update({k: saved[k] for k in state})
 
@@ -148,7 +147,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         t = time.perf_counter()
         local = Path(tempfile.mkdtemp(prefix=f"copus-ckpt-r{rank}-"))
         try:
-            save_checkpoint(local, model, optimizer, trainer_state(), rank)
+            save_checkpoint(local, model.module, optimizer, trainer_state(), rank)
             hooks.persist_checkpoint(local, {"step": state["step"], "samples": state["samples"]})
         finally:
             shutil.rmtree(local, ignore_errors=True)
@@ -158,7 +157,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
 
     def run_eval() -> float:
         t = time.perf_counter()
-        val = evaluate(model, val_windows, plan.val_samples, rank, world, max(plan.mbs, 8), device, accelerator.autocast)
+        val = evaluate(model, val_windows, plan.val_samples, max(plan.mbs, 8))
         state["last_val_loss"], state["last_val_step"] = val, state["step"]
         state["best_val_loss"] = val if state["best_val_loss"] is None else min(val, state["best_val_loss"])
         target = plan.stop.target_val_loss
@@ -177,7 +176,6 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     stop_reason = None
     if state["time_to_target_s"] is not None:
         stop_reason = "target_val_loss"  # resumed a run that had already reached its target
-    model.train()
     while stop_reason is None:
         budget = plan.stop.budget_reason(state["step"], state["samples"], wall())
         if _broadcast_flag(budget is not None, device):
@@ -188,35 +186,30 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         lr = plan.lr.lr(state["samples"], gbs)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = replica_batch(stream.next_global_batch(gbs), rank, plan.dp, mbs)
+        batch = replica_batch(stream.next_global_batch(gbs), model.dp_rank, plan.dp, mbs)
         m = len(batch.microbatches)
-        loss_sum = torch.zeros((), device=device)
-        for j, micro in enumerate(batch.microbatches):
-            inputs, targets = train_windows.batch(micro)
-            # Gradients are all-reduced once per step, on the last micro-batch.
-            sync = contextlib.nullcontext() if j == m - 1 else accelerator.no_sync(model)
-            with sync, accelerator.autocast():
-                loss = _token_loss(model(inputs.to(device)), targets.to(device)) / m
-                accelerator.backward(loss)
-            loss_sum += loss.detach()
-        t_compute = time.perf_counter() - t_step
-        train_loss = float(_all_reduce(loss_sum.clone()) / world)
+        inputs, targets = train_windows.batch(batch.sample_indices)
+        micro_losses = model.forward_backward(inputs, targets, mbs)
+        train_loss = float(_all_reduce(micro_losses.mean(), model.dp_group, plan.dp) / plan.dp)
         if not math.isfinite(train_loss):
             raise NonFiniteLossError(f"non-finite training loss at step {state['step'] + 1}")
-        grad_norm = None
-        if o.grad_clip is not None:
-            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), o.grad_clip))
+        grad_norm = model.reduce_and_clip(o.grad_clip)
+        t_opt = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        optimizer_time = time.perf_counter() - t_opt
         step_time = time.perf_counter() - t_step
         state["step"] += 1
         state["samples"] += gbs
 
         if rank == 0 and state["step"] % plan.report_every_steps == 0:
             hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": train_loss,
-                        "lr": lr, "gbs": gbs, "mbs": mbs, "microbatches": m, "dp": plan.dp, "tp": 1, "pp": 1,
-                        "step_time_s": step_time, "compute_time_s": t_compute,
-                        "optimizer_time_s": step_time - t_compute, "grad_norm": grad_norm,
+                        "lr": lr, "gbs": gbs, "mbs": mbs, "microbatches": m, "dp": plan.dp, "tp": plan.tp,
+                        "pp": plan.pp, "step_time_s": step_time,
+                        "forward_backward_time_s": model.timing.forward_backward_s,
+                        "dp_allreduce_time_s": model.timing.dp_allreduce_s,
+                        "optimizer_time_s": optimizer_time, "grad_norm": grad_norm,
+                        "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
                         "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
                         "wall_clock_s": wall()})
         if state["step"] % plan.eval_every_steps == 0:
@@ -230,7 +223,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         run_eval()  # the final model's validation loss, always measured
     checkpoint()
     if on_finish is not None:
-        on_finish(model)
+        on_finish(model.module)
     result = {**trainer_state(), "stop_reason": stop_reason}
     if rank == 0:
         hooks.emit({"kind": "end", **result})

@@ -53,6 +53,9 @@ class WorkerPlan:
     mbs: int
     dp: int
     lr: LRSchedule
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"
     optimizer: OptimizerPlan = field(default_factory=OptimizerPlan)
     stop: StopRule = field(default_factory=StopRule)
     eval_every_steps: int = 20
@@ -78,6 +81,9 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         gbs=cfg.batch.gbs,
         mbs=cfg.batch.mbs,
         dp=cfg.parallel.dp,
+        tp=cfg.parallel.tp,
+        pp=cfg.parallel.pp,
+        pp_schedule=cfg.parallel.pp_schedule,
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
         stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s),

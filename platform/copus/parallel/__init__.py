@@ -1,0 +1,1 @@
+"""Worker-side parallelism on torch.distributed: meshes and groups are always passed in."""

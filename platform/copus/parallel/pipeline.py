@@ -1,0 +1,85 @@
+"""Pipeline parallelism with torch.distributed.pipelining.
+
+`keep_stage` cuts the full model down to one stage at layer boundaries, keeping the
+parameter names of the unsplit model (layers are a ModuleDict keyed by layer index), so DCP
+checkpoints line up across layouts. `PipelineRunner` builds a PipelineStage and a GPipe or
+1F1B schedule for the current (micro-batch size, micro-batch count), rebuilt only when those
+change.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from copus.core.layout import stage_layer_ranges
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def keep_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+    """Drop what this stage does not run: other stages' layers; the embedding unless first;
+    the final norm and LM head unless last."""
+    keep = stage_layer_ranges(len(model.layers), num_stages)[stage]
+    for name in list(model.layers.keys()):
+        if int(name) not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != num_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+class PipelineRunner:
+    def __init__(self, module: nn.Module, stage: int, num_stages: int, device: torch.device, group: ProcessGroup,
+                 schedule: str, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"parallel.pp_schedule: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+        self.module, self.stage, self.num_stages = module, stage, num_stages
+        self.device, self.group, self.schedule_name, self.loss_fn = device, group, schedule, loss_fn
+        self._key: tuple | None = None
+        self._schedule = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def _schedule_for(self, microbatch_size: int, microbatches: int, training: bool):
+        key = (microbatch_size, microbatches, training)
+        if key != self._key:
+            pipe_stage = PipelineStage(self.module, self.stage, self.num_stages, self.device, group=self.group)
+            # Gradients are averaged over micro-batches (scale_grads): the mean loss of the batch.
+            self._schedule = SCHEDULES[self.schedule_name](pipe_stage, n_microbatches=microbatches,
+                                                           loss_fn=self.loss_fn, scale_grads=True)
+            self._key = key
+        return self._schedule
+
+    def _run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, microbatch_size: int,
+             microbatches: int, training: bool) -> torch.Tensor | None:
+        """Returns the per-micro-batch losses (stacked) on the last stage, None elsewhere."""
+        schedule = self._schedule_for(microbatch_size, microbatches, training)
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.is_first else ()
+        kwargs = {"target": targets, "losses": losses} if self.is_last else {}
+        if training:
+            schedule.step(*args, return_outputs=False, **kwargs)
+        else:
+            schedule.eval(*args, **kwargs)
+        return torch.stack([l.detach() for l in losses]) if self.is_last else None
+
+    def train_step(self, inputs, targets, microbatch_size: int, microbatches: int) -> torch.Tensor | None:
+        return self._run(inputs, targets, microbatch_size, microbatches, training=True)
+
+    @torch.no_grad()
+    def eval_step(self, inputs, targets, microbatch_size: int, microbatches: int) -> torch.Tensor | None:
+        return self._run(inputs, targets, microbatch_size, microbatches, training=False)

@@ -1,0 +1,138 @@
+"""ParallelModel: one model replica under a (dp, tp, pp) layout, and the three things a step
+needs from it: forward/backward over a replica's micro-batches, data-parallel gradient
+averaging with clipping, and evaluation.
+
+Construction: build the full model on the CPU from the seed (per-parameter seeding makes
+every rank's part identical to the single-process model), cut it to this rank's pipeline
+stage, shard it over the tp mesh, move it to the device. Every layout, (1,1,1) included, goes
+through this same code, which is what makes the layouts comparable number for number.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from copus.parallel.dims import ParallelDims
+from copus.parallel.grads import align_grad_placements, average_data_parallel_grads, clip_grads_, grad_sq_norm
+from copus.parallel.pipeline import PipelineRunner, keep_stage
+from copus.parallel.tensor import apply_tp
+from workloads.flavours import ModelFlavour
+from workloads.llama import build_model
+from workloads.tp_plan import llama_tp_plan
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+
+
+@dataclass
+class StepTiming:
+    forward_backward_s: float = 0.0
+    dp_allreduce_s: float = 0.0
+    clip_s: float = 0.0
+
+
+class ParallelModel:
+    def __init__(self, flavour: ModelFlavour, seq_len: int, seed: int, dims: ParallelDims, device: torch.device,
+                 pp_schedule: str = "1f1b", autocast=None):
+        self.dims, self.device = dims, device
+        self._autocast_factory = autocast  # e.g. accelerator.autocast; None: full precision
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed:
+            mesh = dims.mesh(device.type)
+            self.pp_rank = mesh.get_local_rank("pp")
+            self.dp_rank = mesh.get_local_rank("dp")
+            self.tp_rank = mesh.get_local_rank("tp")
+            self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+            self.tp_group, tp_mesh = mesh.get_group("tp"), mesh["tp"]
+        else:
+            if dims.world_size != 1:
+                raise ValueError(f"layout {dims} needs a process group of {dims.world_size} ranks")
+            self.pp_rank = self.dp_rank = self.tp_rank = 0
+            self.pp_group = self.dp_group = self.tp_group = None
+            tp_mesh = None
+
+        model = build_model(flavour, seq_len, seed)
+        if dims.pp > 1:
+            keep_stage(model, self.pp_rank, dims.pp)
+        if dims.tp > 1:
+            apply_tp(model, tp_mesh, llama_tp_plan(model))
+        self.module: nn.Module = model.to(device)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.pipeline = (PipelineRunner(self.module, self.pp_rank, dims.pp, device, self.pp_group, pp_schedule, token_loss)
+                         if dims.pp > 1 else None)
+        # Collectives for norms and losses only over dims that have more than one rank.
+        self._norm_groups = [g for g, n in ((self.tp_group, dims.tp), (self.pp_group, dims.pp)) if n > 1]
+        self.timing = StepTiming()
+
+    def _autocast(self):
+        return self._autocast_factory() if self._autocast_factory else torch.autocast(self.device.type, enabled=False)
+
+    def _share_from_last_stage(self, value: torch.Tensor | None, like: torch.Size) -> torch.Tensor:
+        """Pipeline losses exist on the last stage only: give every stage the same values."""
+        if self.dims.pp == 1:
+            return value
+        out = value if value is not None else torch.zeros(like, device=self.device)
+        dist.all_reduce(out, group=self.pp_group)  # the other stages contribute zeros
+        return out
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, mbs: int) -> torch.Tensor:
+        """Accumulate gradients of the replica's mean loss over its m = len(inputs) / mbs
+        micro-batches. Returns the per-micro-batch losses (same on every rank of the replica)."""
+        t = time.perf_counter()
+        m = inputs.shape[0] // mbs
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if self.pipeline is None:
+            losses = []
+            for j in range(m):
+                with self._autocast():
+                    loss = token_loss(self.module(inputs[j * mbs:(j + 1) * mbs]), targets[j * mbs:(j + 1) * mbs])
+                (loss / m).backward()
+                losses.append(loss.detach())
+            out = torch.stack(losses)
+        else:
+            with self._autocast():
+                out = self.pipeline.train_step(inputs if self.pipeline.is_first else None,
+                                               targets if self.pipeline.is_last else None, mbs, m)
+            out = self._share_from_last_stage(out, torch.Size([m]))
+        align_grad_placements(self.params)
+        self.timing.forward_backward_s = time.perf_counter() - t
+        return out
+
+    def reduce_and_clip(self, grad_clip: float | None) -> float:
+        """Average gradients over dp, then clip by the global norm. Returns the norm."""
+        t = time.perf_counter()
+        average_data_parallel_grads(self.params, self.dp_group, self.dims.dp)
+        t2 = time.perf_counter()
+        sq = grad_sq_norm(self.params, self.tp_rank, self._norm_groups)
+        norm = clip_grads_(self.params, grad_clip, sq) if grad_clip is not None else float(sq.sqrt())
+        self.timing.dp_allreduce_s, self.timing.clip_s = t2 - t, time.perf_counter() - t2
+        return norm
+
+    @torch.no_grad()
+    def loss_sum(self, inputs: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Sum of token losses over `inputs` in equal chunks (forward only; same on every rank of the replica)."""
+        self.module.eval()
+        m = inputs.shape[0] // chunk
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        try:
+            if self.pipeline is None:
+                total = torch.zeros((), device=self.device)
+                for j in range(m):
+                    with self._autocast():
+                        logits = self.module(inputs[j * chunk:(j + 1) * chunk])
+                    total += token_loss(logits, targets[j * chunk:(j + 1) * chunk], reduction="sum")
+                return total
+            with self._autocast():
+                means = self.pipeline.eval_step(inputs if self.pipeline.is_first else None,
+                                                targets if self.pipeline.is_last else None, chunk, m)
+            means = self._share_from_last_stage(means, torch.Size([m]))
+            return means.sum() * (chunk * targets.shape[1])
+        finally:
+            self.module.train()
