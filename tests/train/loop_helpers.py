@@ -24,8 +24,15 @@ def small_plan(cache_dir: Path, **changes) -> WorkerPlan:
     return replace(plan, **changes)
 
 
+def shapes_hook(shapes: dict[int, tuple[int, int]] | None):
+    """A batch_size hook that follows {step: (gbs, mbs)} (picklable for spawned ranks)."""
+    if shapes is None:
+        return None
+    return lambda step, samples, gbs, mbs: shapes.get(step, (gbs, mbs))
+
+
 def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: Path, out_file: Path,
-            resume_step: int | None) -> None:
+            resume_step: int | None, shapes: dict | None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     # accelerate reads the process layout from the environment, as under torchrun or Ray.
@@ -33,17 +40,21 @@ def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: 
                        "LOCAL_WORLD_SIZE": str(world)})
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        records, final, params = run_local(plan, ckpt_root, resume_step)
+        records, final, params = run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
         torch.save({"records": records, "final": final, "params": params}, f"{out_file}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path,
-                    resume_step: int | None = None) -> tuple[list[dict], dict, dict]:
+def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path, resume_step: int | None = None,
+                    shapes: dict[int, tuple[int, int]] | None = None) -> tuple[list[dict], dict, dict]:
+    """`world` gloo processes (or this process alone when world is 1)."""
+    if world == 1:
+        return run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
     init_file = tmp / f"init-{os.getpid()}-{id(plan)}"
     out_file = tmp / f"out-{id(plan)}.pt"
-    mp.spawn(_worker, args=(world, str(init_file), plan, ckpt_root, out_file, resume_step), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(init_file), plan, ckpt_root, out_file, resume_step, shapes), nprocs=world,
+             join=True)
     ranks = [torch.load(f"{out_file}.{r}", weights_only=False) for r in range(world)]
     params: dict = {}
     for result in ranks:  # pipeline stages each hold their own layers

@@ -23,7 +23,8 @@ def persist_into(root: Path) -> Callable[[Path, dict], None]:
     return persist
 
 
-def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None) -> tuple[list[dict], dict, dict]:
+def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
+              batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None) -> tuple[list[dict], dict, dict]:
     """Train; return (rank 0's metrics records, final state, final parameters on the CPU)."""
     records: list[dict] = []
     params: dict[str, torch.Tensor] = {}
@@ -35,6 +36,7 @@ def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None)
             params[name] = full.detach().cpu().clone()
 
     hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
-                      resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None)
+                      resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None,
+                      batch_size=batch_size)
     final = run_training(plan, hooks, on_finish=keep_params)
     return records, final, params

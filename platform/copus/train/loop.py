@@ -49,6 +49,10 @@ class LoopHooks:
     resume_from: Path | None = None
     # Wall-clock origin of the run (time.time() units), so relaunches keep counting.
     clock_origin: float = field(default_factory=time.time)
+    # Called on every rank before each step with (step, samples, gbs, mbs); returns the (gbs,
+    # mbs) to use, which must be the same on every rank. A change within the layout needs no
+    # restart: only the number of micro-batches (and the schedule) changes.
+    batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
 
 
 def _world() -> tuple[int, int]:
@@ -130,12 +134,12 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
     stream = TrainStream(train_windows, plan.seed)
 
-    state = {"step": 0, "samples": 0, "time_to_target_s": None, "best_val_loss": None, "last_val_loss": None,
-             "last_val_step": None}
+    state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
+             "last_val_loss": None, "last_val_step": None}
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
-        state.update({k: saved[k] for k in state})
+        state.update({k: saved[k] for k in state if k in saved})
 
     def wall() -> float:
         return time.time() - hooks.clock_origin
@@ -173,6 +177,9 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     if state["step"] == 0:
         run_eval()
 
+    # A (re)launch starts from the plan's batch shape; a resumed checkpoint may have been
+    # written under another layout and batch shape, which only the data position carries over.
+    gbs, mbs = plan.gbs, plan.mbs
     stop_reason = None
     if state["time_to_target_s"] is not None:
         stop_reason = "target_val_loss"  # resumed a run that had already reached its target
@@ -181,7 +188,9 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         if _broadcast_flag(budget is not None, device):
             stop_reason = budget or "budget"
             break
-        gbs, mbs = plan.gbs, plan.mbs
+        if hooks.batch_size is not None:
+            gbs, mbs = hooks.batch_size(state["step"], state["samples"], gbs, mbs)
+            dims.validate(flavour.shape(), gbs=gbs, mbs=mbs)
         t_step = time.perf_counter()
         lr = plan.lr.lr(state["samples"], gbs)
         for group in optimizer.param_groups:
@@ -201,6 +210,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         step_time = time.perf_counter() - t_step
         state["step"] += 1
         state["samples"] += gbs
+        state["gbs"], state["mbs"] = gbs, mbs
 
         if rank == 0 and state["step"] % plan.report_every_steps == 0:
             hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": train_loss,
