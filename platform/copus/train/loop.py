@@ -30,7 +30,7 @@ from copus.parallel.dims import ParallelDims
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
 from copus.train.engine import ParallelModel
-from copus.train.plan import WorkerPlan
+from copus.train.plan import OptimizerPlan, WorkerPlan
 from workloads.flavours import FLAVOURS
 
 
@@ -75,11 +75,13 @@ def _broadcast_flag(value: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append(p)  # norms and biases: no weight decay
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def make_optimizer(model: ParallelModel, o: OptimizerPlan, lr: float) -> torch.optim.Optimizer:
+    """AdamW; norms and biases get no weight decay."""
+    decay = [p for p in model.params if p.ndim >= 2]
+    no_decay = [p for p in model.params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # foreach=False under tp: the parameter list mixes DTensor shards and plain (replicated) tensors.
+    return torch.optim.AdamW(groups, lr=lr, betas=o.betas, eps=o.eps, foreach=False if model.dims.tp > 1 else None)
 
 
 def eval_chunk(samples: int, pp: int, limit: int) -> int:
@@ -97,6 +99,27 @@ def evaluate(model: ParallelModel, windows: TokenWindows, count: int, chunk_limi
     total[1] = targets.numel()
     _all_reduce(total, model.dp_group, model.dims.dp)
     return float(total[0] / total[1])
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float          # mean loss of the global batch (the same on every rank)
+    grad_norm: float     # global gradient norm before clipping
+    optimizer_time_s: float
+
+
+def train_step(model: ParallelModel, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+               mbs: int, lr: float, grad_clip: float | None) -> StepResult:
+    """One optimiser step on this replica's samples (m x mbs of them); collective over all ranks."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    micro_losses = model.forward_backward(inputs, targets, mbs)
+    loss = float(_all_reduce(micro_losses.mean(), model.dp_group, model.dims.dp) / model.dims.dp)
+    grad_norm = model.reduce_and_clip(grad_clip)
+    t = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss, grad_norm, time.perf_counter() - t)
 
 
 def fresh_accelerator(use_gpu: bool, mixed_precision: str):
@@ -125,9 +148,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     torch.manual_seed(plan.seed)
     model = ParallelModel(flavour, plan.seq_len, plan.seed, dims, device, plan.pp_schedule, accelerator.autocast)
     o = plan.optimizer
-    # foreach=False: the parameter list mixes DTensor shards and plain (replicated) tensors.
-    optimizer = torch.optim.AdamW(_param_groups(model.module, o.weight_decay), lr=plan.lr.base_lr, betas=o.betas,
-                                  eps=o.eps, foreach=False if plan.tp > 1 else None)
+    optimizer = make_optimizer(model, o, plan.lr.base_lr)
 
     train_windows = TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len)
     val_windows = TokenWindows(plan.val_tokens, plan.token_dtype, plan.seq_len)
@@ -193,32 +214,24 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
             dims.validate(flavour.shape(), gbs=gbs, mbs=mbs)
         t_step = time.perf_counter()
         lr = plan.lr.lr(state["samples"], gbs)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         batch = replica_batch(stream.next_global_batch(gbs), model.dp_rank, plan.dp, mbs)
         m = len(batch.microbatches)
         inputs, targets = train_windows.batch(batch.sample_indices)
-        micro_losses = model.forward_backward(inputs, targets, mbs)
-        train_loss = float(_all_reduce(micro_losses.mean(), model.dp_group, plan.dp) / plan.dp)
-        if not math.isfinite(train_loss):
+        result = train_step(model, optimizer, inputs, targets, mbs, lr, o.grad_clip)
+        if not math.isfinite(result.loss):
             raise NonFiniteLossError(f"non-finite training loss at step {state['step'] + 1}")
-        grad_norm = model.reduce_and_clip(o.grad_clip)
-        t_opt = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer_time = time.perf_counter() - t_opt
         step_time = time.perf_counter() - t_step
         state["step"] += 1
         state["samples"] += gbs
         state["gbs"], state["mbs"] = gbs, mbs
 
         if rank == 0 and state["step"] % plan.report_every_steps == 0:
-            hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": train_loss,
+            hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": result.loss,
                         "lr": lr, "gbs": gbs, "mbs": mbs, "microbatches": m, "dp": plan.dp, "tp": plan.tp,
                         "pp": plan.pp, "step_time_s": step_time,
                         "forward_backward_time_s": model.timing.forward_backward_s,
                         "dp_allreduce_time_s": model.timing.dp_allreduce_s,
-                        "optimizer_time_s": optimizer_time, "grad_norm": grad_norm,
+                        "optimizer_time_s": result.optimizer_time_s, "grad_norm": result.grad_norm,
                         "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
                         "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
                         "wall_clock_s": wall()})

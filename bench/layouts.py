@@ -1,0 +1,122 @@
+"""Samples/s of every valid 3D layout of the quickstart workload on this machine.
+
+For 4 and 8 gloo workers (processes on this machine, the same training step as `copus run`:
+`copus.train.loop.train_step`), every layout (dp, tp, pp) the model admits, and a grid of GBS
+and MBS values with m = GBS / (dp x MBS) >= pp: median step time over a few timed steps after
+warm-up. One process group per layout; batch shapes change between steps inside it, as they
+do in training. These figures feed the throughput model (issue 5).
+
+    .venv/bin/python bench/layouts.py                       # 4 and 8 workers, GBS 32/64, MBS 2/4/8
+    .venv/bin/python bench/layouts.py --workers 4 --gbs 16 32 --mbs 4 --steps 3
+    .venv/bin/python bench/layouts.py --json runs/layouts.json
+
+All figures come from one run; on a 2-core machine 8 processes oversubscribe the cores, so
+compare layouts within a world size, not across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from copus.core.layout import layout_problems
+from copus.parallel.dims import ParallelDims
+from copus.train.engine import ParallelModel
+from copus.train.loop import make_optimizer, train_step
+from copus.train.plan import OptimizerPlan
+from workloads.flavours import FLAVOURS
+
+
+def valid_layouts(world: int, flavour) -> list[tuple[int, int, int]]:
+    out = []
+    for tp in range(1, world + 1):
+        for pp in range(1, world // tp + 1):
+            if world % (tp * pp) == 0:
+                dp = world // (tp * pp)
+                if not layout_problems(dp, tp, pp, flavour.shape(), world):
+                    out.append((dp, tp, pp))
+    return out
+
+
+def _rank_main(rank: int, world: int, init_file: str, layout, shapes, args, out_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        flavour = FLAVOURS[args.model]
+        dims = ParallelDims(*layout)
+        model = ParallelModel(flavour, args.seq_len, 0, dims, torch.device("cpu"))
+        optimizer = make_optimizer(model, OptimizerPlan(), 1e-3)
+        gen = torch.Generator().manual_seed(model.dp_rank)
+        rows = []
+        for gbs, mbs in shapes:
+            n = gbs // dims.dp
+            inputs = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
+            targets = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
+            times = []
+            for i in range(args.warmup + args.steps):
+                dist.barrier()
+                t = time.perf_counter()
+                train_step(model, optimizer, inputs, targets, mbs, 1e-3, 1.0)
+                if i >= args.warmup:
+                    times.append(time.perf_counter() - t)
+            step = statistics.median(times)
+            rows.append({"dp": dims.dp, "tp": dims.tp, "pp": dims.pp, "gbs": gbs, "mbs": mbs,
+                         "microbatches": gbs // (dims.dp * mbs), "step_time_s": step, "samples_per_s": gbs / step})
+        if rank == 0:
+            Path(out_file).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(world: int, layout, shapes, args) -> list[dict]:
+    tmp = tempfile.mkdtemp()
+    out = os.path.join(tmp, "rows.json")
+    mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), layout, shapes, args, out), nprocs=world, join=True)
+    return json.loads(Path(out).read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--gbs", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--mbs", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json", help="also write all rows to this file")
+    args = parser.parse_args()
+    flavour = FLAVOURS[args.model]
+    all_rows = []
+    print(f"{args.model} seq {args.seq_len}, gloo on {os.cpu_count()} CPU cores; median of {args.steps} steps "
+          f"after {args.warmup} warm-up")
+    for world in args.workers:
+        print(f"\n{world} workers\n{'dp':>3} {'tp':>3} {'pp':>3} {'gbs':>5} {'mbs':>4} {'m':>3} {'step s':>8} {'samples/s':>10}")
+        for layout in valid_layouts(world, flavour):
+            dp, tp, pp = layout
+            shapes = [(g, b) for g in args.gbs for b in args.mbs if g % (dp * b) == 0 and g // (dp * b) >= pp]
+            if not shapes:
+                continue
+            for row in measure(world, layout, shapes, args):
+                all_rows.append({"workers": world, **row})
+                print(f"{dp:>3} {tp:>3} {pp:>3} {row['gbs']:>5} {row['mbs']:>4} {row['microbatches']:>3} "
+                      f"{row['step_time_s']:>8.3f} {row['samples_per_s']:>10.1f}", flush=True)
+        best = max((r for r in all_rows if r["workers"] == world), key=lambda r: r["samples_per_s"])
+        print(f"best of {world} workers: dp{best['dp']} tp{best['tp']} pp{best['pp']} gbs {best['gbs']} "
+              f"mbs {best['mbs']}: {best['samples_per_s']:.1f} samples/s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(all_rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
