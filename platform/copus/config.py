@@ -79,6 +79,13 @@ class ParallelConfig(_Section):
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
 
 
+class GNSConfig(_Section):
+    enabled: bool = True
+    smoothing: float = Field(0.999, gt=0.0, lt=1.0)   # EMA factor per reference batch: theta = s ** (gbs / b0)
+    critical_factor: float = Field(2.0, gt=0.0)       # critical batch size = factor x B_noise (COPUS: 2.0)
+    precondition: Literal["none", "adam"] = "none"    # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
+
+
 class PolicyConfig(_Section):
     name: str = "static"
 
@@ -123,6 +130,7 @@ class ExperimentConfig(_Section):
     batch: BatchConfig = BatchConfig()
     parallel: ParallelConfig = ParallelConfig()
     policy: PolicyConfig = PolicyConfig()
+    gns: GNSConfig = GNSConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -6,6 +6,7 @@ Uses an explicit `MlflowClient` bound to one tracking URI rather than mlflow's g
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,7 +18,8 @@ from mlflow.tracking import MlflowClient
 # Which fields of a worker record become which MLflow metrics.
 STEP_METRICS = ("train_loss", "samples_per_s", "tokens_per_s", "step_time_s", "forward_backward_time_s",
                 "dp_allreduce_time_s", "optimizer_time_s", "pipeline_bubble_fraction", "grad_norm", "gbs", "mbs",
-                "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp")
+                "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp",
+                "gns_sqr", "gns_var", "b_noise", "critical_batch_size", "statistical_efficiency")
 EVAL_METRICS = ("val_loss",)
 CHECKPOINT_METRICS = ("checkpoint_time_s",)
 _BY_KIND = {"step": STEP_METRICS, "eval": EVAL_METRICS, "checkpoint": CHECKPOINT_METRICS}
@@ -49,7 +51,9 @@ def metrics_of(record: dict, timestamp_ms: int | None = None) -> list[Metric]:
     keys = _BY_KIND.get(record.get("kind"), ())
     ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
     step = int(record.get("step", 0))
-    return [Metric(k, float(record[k]), ts, step) for k in keys if record.get(k) is not None]
+    # Non-finite values (an early B_noise of inf, say) are left out: MLflow charts cannot draw them.
+    return [Metric(k, float(record[k]), ts, step) for k in keys
+            if record.get(k) is not None and math.isfinite(float(record[k]))]
 
 
 class Tracker:

@@ -1,10 +1,13 @@
-"""Helpers to run the training loop in-process or on N gloo processes, without Ray."""
+"""Helpers to run the training loop (or any per-rank function) in-process or on N gloo
+processes, without Ray."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,8 +34,7 @@ def shapes_hook(shapes: dict[int, tuple[int, int]] | None):
     return lambda step, samples, gbs, mbs: shapes.get(step, (gbs, mbs))
 
 
-def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: Path, out_file: Path,
-            resume_step: int | None, shapes: dict | None) -> None:
+def _rank_main(rank: int, world: int, init_file: str, out_file: str, fn: Callable, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     # accelerate reads the process layout from the environment, as under torchrun or Ray.
@@ -40,26 +42,35 @@ def _worker(rank: int, world: int, init_file: str, plan: WorkerPlan, ckpt_root: 
                        "LOCAL_WORLD_SIZE": str(world)})
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        records, final, params = run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
-        torch.save({"records": records, "final": final, "params": params}, f"{out_file}.{rank}")
+        torch.save(fn(*args), f"{out_file}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
+def spawn(world: int, fn: Callable, *args) -> list:
+    """Run fn(*args) on `world` gloo ranks (fn must be importable); return every rank's result.
+    With world 1 it runs here, without a process group."""
+    if world == 1:
+        return [fn(*args)]
+    tmp = tempfile.mkdtemp(prefix="copus-spawn-")
+    out = os.path.join(tmp, "out")
+    mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), out, fn, args), nprocs=world, join=True)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+
+
+def _train(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None, shapes: dict | None):
+    return run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
+
+
 def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path, resume_step: int | None = None,
                     shapes: dict[int, tuple[int, int]] | None = None) -> tuple[list[dict], dict, dict]:
-    """`world` gloo processes (or this process alone when world is 1)."""
-    if world == 1:
-        return run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
-    init_file = tmp / f"init-{os.getpid()}-{id(plan)}"
-    out_file = tmp / f"out-{id(plan)}.pt"
-    mp.spawn(_worker, args=(world, str(init_file), plan, ckpt_root, out_file, resume_step, shapes), nprocs=world,
-             join=True)
-    ranks = [torch.load(f"{out_file}.{r}", weights_only=False) for r in range(world)]
+    """Train on `world` gloo processes (or this process alone when world is 1). Returns rank
+    0's records and final state, and the full parameters gathered from every stage."""
+    ranks = spawn(world, _train, plan, ckpt_root, resume_step, shapes)
     params: dict = {}
-    for result in ranks:  # pipeline stages each hold their own layers
-        params.update(result["params"])
-    return ranks[0]["records"], ranks[0]["final"], params
+    for _, _, rank_params in ranks:  # pipeline stages each hold their own layers
+        params.update(rank_params)
+    return ranks[0][0], ranks[0][1], params
 
 
 def losses(records: list[dict], kind: str = "step", key: str = "train_loss") -> dict[int, float]:

@@ -5,7 +5,7 @@ norm."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -64,16 +64,35 @@ def sq_norm_local(tensors_and_sharded: Iterable[tuple[torch.Tensor, bool]], tp_r
     return total if total is not None else torch.zeros(())
 
 
-def grad_sq_norm(params: list[torch.nn.Parameter], tp_rank: int, groups: list[ProcessGroup | None]) -> torch.Tensor:
-    """Squared L2 norm of the whole model's gradient, identical on every rank of a replica:
-    summed over the tp and pp `groups` (pass the ones with more than one rank)."""
-    pairs = [(local_grad(p), is_tp_sharded(p.grad)) for p in params if p.grad is not None]
+Preconditioner = Callable[[torch.nn.Parameter], "torch.Tensor | None"]
+
+
+def grad_sq_norm_local(params: list[torch.nn.Parameter], tp_rank: int,
+                       precondition: Preconditioner | None = None) -> torch.Tensor:
+    """This rank's share of the squared gradient norm (see sq_norm_local). `precondition`
+    gives, per parameter, a local tensor to divide the gradient by (Adam's sqrt(v_hat) + eps)."""
+    pairs = []
+    for p in params:
+        g = local_grad(p)
+        if g is None:
+            continue
+        divisor = precondition(p) if precondition is not None else None
+        pairs.append((g / divisor if divisor is not None else g, is_tp_sharded(p.grad)))
     total = sq_norm_local(pairs, tp_rank)
-    if pairs:
-        total = total.to(pairs[0][0].device)
+    return total.to(pairs[0][0].device) if pairs else total
+
+
+def sum_over(total: torch.Tensor, groups: list[ProcessGroup | None]) -> torch.Tensor:
     for group in groups:
         dist.all_reduce(total, group=group)
     return total
+
+
+def grad_sq_norm(params: list[torch.nn.Parameter], tp_rank: int, groups: list[ProcessGroup | None],
+                 precondition: Preconditioner | None = None) -> torch.Tensor:
+    """Squared L2 norm of the whole model's gradient, identical on every rank of a replica:
+    summed over the tp and pp `groups` (pass the ones with more than one rank)."""
+    return sum_over(grad_sq_norm_local(params, tp_rank, precondition), groups)
 
 
 def clip_grads_(params: list[torch.nn.Parameter], max_norm: float, total_sq_norm: torch.Tensor) -> float:

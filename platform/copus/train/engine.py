@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from copus.parallel.dims import ParallelDims
+from copus.parallel.gns_probe import GradNormProbe, NormPair
 from copus.parallel.grads import align_grad_placements, average_data_parallel_grads, clip_grads_, grad_sq_norm
 from copus.parallel.pipeline import PipelineRunner, keep_stage
 from copus.parallel.tensor import apply_tp
@@ -70,6 +71,15 @@ class ParallelModel:
         # Collectives for norms and losses only over dims that have more than one rank.
         self._norm_groups = [g for g, n in ((self.tp_group, dims.tp), (self.pp_group, dims.pp)) if n > 1]
         self.timing = StepTiming()
+        self.probe: GradNormProbe | None = None
+        self.last_norms: NormPair | None = None  # the step's GNS measurement, when probing
+        self._small: tuple[float, int] | None = None
+        self._step_gbs = 0
+
+    def attach_probe(self, precondition=None) -> None:
+        """Measure squared gradient norms at two batch sizes every step (for the GNS)."""
+        self.probe = GradNormProbe(self.params, self.tp_rank, self._norm_groups, self.dp_group, self.dims.dp,
+                                   precondition)
 
     def _autocast(self):
         return self._autocast_factory() if self._autocast_factory else torch.autocast(self.device.type, enabled=False)
@@ -88,6 +98,9 @@ class ParallelModel:
         t = time.perf_counter()
         m = inputs.shape[0] // mbs
         inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if self.probe is not None:
+            # The manual path divides each micro-batch loss by m; the pipeline scales at the end.
+            self.probe.arm(m, grad_scale=m if self.pipeline is None else 1.0)
         if self.pipeline is None:
             losses = []
             for j in range(m):
@@ -102,6 +115,8 @@ class ParallelModel:
                                                targets if self.pipeline.is_last else None, mbs, m)
             out = self._share_from_last_stage(out, torch.Size([m]))
         align_grad_placements(self.params)
+        self._step_gbs = inputs.shape[0] * self.dims.dp
+        self._small = self.probe.small_batch(self._step_gbs, mbs) if self.probe is not None else None
         self.timing.forward_backward_s = time.perf_counter() - t
         return out
 
@@ -111,6 +126,11 @@ class ParallelModel:
         average_data_parallel_grads(self.params, self.dp_group, self.dims.dp)
         t2 = time.perf_counter()
         sq = grad_sq_norm(self.params, self.tp_rank, self._norm_groups)
+        self.last_norms = None
+        if self._small is not None:
+            # The large-batch norm is the clipping norm, unless the GNS uses preconditioned gradients.
+            sq_big = self.probe.large_batch() if self.probe.precondition is not None else float(sq)
+            self.last_norms = NormPair(self._small[0], self._small[1], sq_big, self._step_gbs)
         norm = clip_grads_(self.params, grad_clip, sq) if grad_clip is not None else float(sq.sqrt())
         self.timing.dp_allreduce_s, self.timing.clip_s = t2 - t, time.perf_counter() - t2
         return norm

@@ -25,8 +25,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from copus.core.gns import GNSEstimator
 from copus.core.layout import bubble_fraction
 from copus.parallel.dims import ParallelDims
+from copus.parallel.gns_probe import adam_preconditioner
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
 from copus.train.engine import ParallelModel
@@ -55,7 +57,7 @@ class LoopHooks:
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
 
 
-def _world() -> tuple[int, int]:
+def world_rank_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -122,6 +124,14 @@ def train_step(model: ParallelModel, optimizer: torch.optim.Optimizer, inputs: t
     return StepResult(loss, grad_norm, time.perf_counter() - t)
 
 
+def attach_gns(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: WorkerPlan) -> GNSEstimator | None:
+    """Probe gradient norms every step and smooth them into a GNS estimate (B0 = the plan's GBS)."""
+    if not plan.gns.enabled:
+        return None
+    model.attach_probe(adam_preconditioner(optimizer) if plan.gns.precondition == "adam" else None)
+    return GNSEstimator(plan.gbs, plan.gns.smoothing, plan.gns.critical_factor)
+
+
 def fresh_accelerator(use_gpu: bool, mixed_precision: str):
     """An Accelerator for this run. accelerate keeps process-wide singletons and refuses a
     second Accelerator with other settings; a worker that trains several runs (tests, and later
@@ -134,26 +144,33 @@ def fresh_accelerator(use_gpu: bool, mixed_precision: str):
     return Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision)
 
 
-def run_training(plan: WorkerPlan, hooks: LoopHooks,
-                 on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
-    """Train until the stop rule fires. Returns the final state (identical on every rank).
-    `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
-    rank, world = _world()
+def build_replica(plan: WorkerPlan) -> tuple[ParallelModel, torch.optim.Optimizer, TrainStream]:
+    """This rank's part of the model under the plan's layout, its optimiser, and the data stream
+    at position 0. Collective: every rank calls it."""
+    _, world = world_rank_size()
     dims = ParallelDims(plan.dp, plan.tp, plan.pp)
     flavour = FLAVOURS[plan.model]
     dims.validate(flavour.shape(), world_size=world, gbs=plan.gbs, mbs=plan.mbs)
     accelerator = fresh_accelerator(plan.use_gpu, plan.mixed_precision)
-    device = accelerator.device
-
     torch.manual_seed(plan.seed)
-    model = ParallelModel(flavour, plan.seq_len, plan.seed, dims, device, plan.pp_schedule, accelerator.autocast)
-    o = plan.optimizer
-    optimizer = make_optimizer(model, o, plan.lr.base_lr)
+    model = ParallelModel(flavour, plan.seq_len, plan.seed, dims, accelerator.device, plan.pp_schedule,
+                          accelerator.autocast)
+    optimizer = make_optimizer(model, plan.optimizer, plan.lr.base_lr)
+    stream = TrainStream(TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len), plan.seed)
+    return model, optimizer, stream
 
-    train_windows = TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len)
+
+def run_training(plan: WorkerPlan, hooks: LoopHooks,
+                 on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
+    """Train until the stop rule fires. Returns the final state (identical on every rank).
+    `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
+    rank, _ = world_rank_size()
+    model, optimizer, stream = build_replica(plan)
+    dims, flavour, device, o = model.dims, FLAVOURS[plan.model], model.device, plan.optimizer
+    gns = attach_gns(model, optimizer, plan)
+    train_windows = stream.windows
     val_windows = TokenWindows(plan.val_tokens, plan.token_dtype, plan.seq_len)
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
-    stream = TrainStream(train_windows, plan.seed)
 
     state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
              "last_val_loss": None, "last_val_step": None}
@@ -161,12 +178,15 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
         state.update({k: saved[k] for k in state if k in saved})
+        if gns is not None and "gns" in saved:
+            gns.load_state_dict(saved["gns"])
 
     def wall() -> float:
         return time.time() - hooks.clock_origin
 
     def trainer_state() -> dict:
-        return {**state, "data": stream.state_dict(), "wall_clock_s": wall()}
+        extra = {"gns": gns.state_dict()} if gns is not None else {}
+        return {**state, "data": stream.state_dict(), "wall_clock_s": wall(), **extra}
 
     def checkpoint() -> None:
         t = time.perf_counter()
@@ -220,6 +240,9 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         result = train_step(model, optimizer, inputs, targets, mbs, lr, o.grad_clip)
         if not math.isfinite(result.loss):
             raise NonFiniteLossError(f"non-finite training loss at step {state['step'] + 1}")
+        if gns is not None and model.last_norms is not None:
+            n = model.last_norms
+            gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big)  # same numbers on every rank
         step_time = time.perf_counter() - t_step
         state["step"] += 1
         state["samples"] += gbs
@@ -234,7 +257,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                         "optimizer_time_s": result.optimizer_time_s, "grad_norm": result.grad_norm,
                         "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
                         "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
-                        "wall_clock_s": wall()})
+                        "wall_clock_s": wall(), **(gns.summary(gbs) if gns is not None and gns.ready else {})})
         if state["step"] % plan.eval_every_steps == 0:
             val = run_eval()
             if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:

@@ -42,6 +42,14 @@ class OptimizerPlan:
 
 
 @dataclass(frozen=True)
+class GNSPlan:
+    enabled: bool = True
+    smoothing: float = 0.999
+    critical_factor: float = 2.0
+    precondition: str = "none"
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     model: str
     seq_len: int
@@ -58,6 +66,7 @@ class WorkerPlan:
     pp_schedule: str = "1f1b"
     optimizer: OptimizerPlan = field(default_factory=OptimizerPlan)
     stop: StopRule = field(default_factory=StopRule)
+    gns: GNSPlan = field(default_factory=GNSPlan)
     eval_every_steps: int = 20
     val_samples: int = 64
     checkpoint_every_steps: int = 50
@@ -87,6 +96,7 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
         stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s),
+        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition),
         eval_every_steps=cfg.eval.every_steps,
         val_samples=cfg.eval.val_samples,
         checkpoint_every_steps=cfg.checkpoint.every_steps,

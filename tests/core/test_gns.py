@@ -1,0 +1,88 @@
+"""The two-batch GNS estimator on synthetic Gaussian gradients with known |G|² and tr(Σ)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from copus.core.efficiency import statistical_efficiency
+from copus.core.gns import GNSEstimator, two_batch_estimates
+
+
+def _sq_norm_of_batch_gradient(rng, G, sigma_diag, b):
+    """|g_B|² for g_B = G + mean of B per-sample noises ~ N(0, diag(sigma))."""
+    noise = rng.normal(size=G.shape) * np.sqrt(sigma_diag / b)
+    return float(np.sum((G + noise) ** 2))
+
+
+def test_two_batch_estimates_are_exact_on_expectations():
+    G2, trS = 3.0, 48.0
+    for b_small, b_big in [(4, 16), (8, 64), (1, 2)]:
+        sqr, var = two_batch_estimates(G2 + trS / b_small, b_small, G2 + trS / b_big, b_big)
+        assert sqr == pytest.approx(G2) and var == pytest.approx(trS)
+    with pytest.raises(ValueError):
+        two_batch_estimates(1, 8, 1, 8)
+
+
+@settings(max_examples=12, deadline=None)
+@given(g_scale=st.floats(0.2, 3.0), noise_scale=st.floats(0.5, 5.0), b_small=st.sampled_from([2, 4, 8]),
+       ratio=st.sampled_from([2, 4, 8]), seed=st.integers(0, 10**6))
+def test_smoothed_estimates_converge_to_the_truth(g_scale, noise_scale, b_small, ratio, seed):
+    rng = np.random.default_rng(seed)
+    dim = 200
+    G = rng.normal(size=dim) * g_scale / math.sqrt(dim)
+    sigma = rng.uniform(0.5, 1.5, size=dim) * noise_scale ** 2
+    true_sqr, true_var = float(G @ G), float(sigma.sum())
+    b_big = b_small * ratio
+    est = GNSEstimator(reference_gbs=b_big, smoothing=0.999)
+    for _ in range(3000):
+        est.update(_sq_norm_of_batch_gradient(rng, G, sigma, b_small), b_small,
+                   _sq_norm_of_batch_gradient(rng, G, sigma, b_big), b_big)
+    assert est.grad_var == pytest.approx(true_var, rel=0.1)
+    assert est.grad_sqr == pytest.approx(true_sqr, rel=0.1, abs=0.1 * true_var / b_big)
+    if true_sqr > true_var / b_big:  # the ratio is well conditioned
+        assert est.b_noise == pytest.approx(true_var / true_sqr, rel=0.25)
+
+
+def test_non_finite_inputs_are_ignored_and_counted():
+    est = GNSEstimator(reference_gbs=16)
+    assert est.update(10.0, 4, 5.0, 16)
+    before = est.state_dict()
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not est.update(bad, 4, 5.0, 16)
+        assert not est.update(10.0, 4, bad, 16)
+    assert est.state.skipped_nonfinite == 6
+    after = est.state_dict()
+    after.pop("skipped_nonfinite"), before.pop("skipped_nonfinite")
+    assert after == before
+    assert math.isfinite(est.b_noise)
+
+
+def test_state_round_trips_and_derived_quantities():
+    est = GNSEstimator(reference_gbs=16, critical_factor=2.0)
+    assert math.isnan(est.b_noise) and not est.ready
+    est.update(2.0 + 48 / 4, 4, 2.0 + 48 / 16, 16)
+    assert est.b_noise == pytest.approx(24.0)
+    assert est.critical_batch_size == pytest.approx(48.0)
+    assert est.efficiency(16) == pytest.approx(1.0)
+    assert est.efficiency(64) == pytest.approx((24 + 16) / (24 + 64))
+    again = GNSEstimator(reference_gbs=16)
+    again.load_state_dict(est.state_dict())
+    assert again.b_noise == est.b_noise
+
+
+def test_theta_depends_on_batch_size():
+    small, big = GNSEstimator(16, smoothing=0.9), GNSEstimator(16, smoothing=0.9)
+    small.update(1.0, 4, 0.5, 16)
+    big.update(1.0, 4, 0.5, 64)
+    assert big.state.weight > small.state.weight  # a larger batch moves the average further
+
+
+def test_statistical_efficiency_shape():
+    assert statistical_efficiency(100.0, 16, 16) == 1.0
+    assert statistical_efficiency(100.0, 16, 200) < statistical_efficiency(100.0, 16, 32) < 1.0
+    assert statistical_efficiency(math.inf, 16, 1000) == 1.0
+    assert math.isnan(statistical_efficiency(math.nan, 16, 32))
