@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_experiment_args(p)
     p.add_argument("--fresh", action="store_true", help="discard checkpoints in output_dir and start over")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end")
+    p = sub.add_parser("gns", help="measure the gradient noise scale at the experiment's initial weights (JSON)")
+    _add_experiment_args(p)
+    p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
     return parser
 
 
@@ -62,7 +65,27 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"validate": _cmd_validate, "run": _cmd_run}
+def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    from copus.cluster.driver import measure_experiment_gns
+    from workloads.corpus import DatasetError
+
+    if args.steps < 1:
+        print("copus: --steps: must be at least 1", file=sys.stderr)
+        return 2
+    if cfg.parallel.dp == 1 and cfg.microbatches_per_replica < 2:
+        print(f"copus: batch.gbs: {cfg.batch.gbs} with parallel.dp 1 and batch.mbs {cfg.batch.mbs} gives one batch "
+              "size only; the GNS needs dp > 1 or at least 2 micro-batches", file=sys.stderr)
+        return 2
+    try:
+        result = measure_experiment_gns(cfg, args.steps)
+    except (ConfigError, DatasetError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+COMMANDS = {"validate": _cmd_validate, "run": _cmd_run, "gns": _cmd_gns}
 
 
 def main(argv: list[str] | None = None) -> int:

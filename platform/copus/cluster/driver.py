@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,13 +22,13 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from copus.cluster.monitor import RunMonitor
-from copus.cluster.worker import train_worker
+from copus.cluster.worker import gns_worker, train_worker
 from copus.config import ConfigError, ExperimentConfig
 from copus.progress import progress_line, summary_text
 from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storage, resume_key, save_run_state)
 from copus.tracking import Tracker, flatten
 from copus.train.data import num_windows
-from copus.train.plan import plan_from_config
+from copus.train.plan import WorkerPlan, plan_from_config
 from workloads.corpus import TokenFiles, prepare_dataset
 from workloads.flavours import FLAVOURS
 
@@ -70,17 +71,39 @@ def check_dataset_fits(cfg: ExperimentConfig, tokens: TokenFiles) -> None:
             raise ConfigError(f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}")
 
 
-def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print) -> dict:
-    out = cfg.resolved_output_dir()
+def prepare_plan(cfg: ExperimentConfig) -> tuple[TokenFiles, WorkerPlan]:
+    """The dataset's token files (built or cached) and the workers' plan; refuses a dataset
+    too small for the experiment before anything starts."""
     ds = cfg.workload.dataset
     tokens = prepare_dataset(ds.kind, ds.path, ds.val_path, ds.text_field, ds.dtype, ds.val_fraction,
                              FLAVOURS[cfg.workload.model].vocab_size, ds.cache_dir)
     check_dataset_fits(cfg, tokens)
+    return tokens, plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
+
+
+def _trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config: RunConfig) -> TorchTrainer:
+    return TorchTrainer(worker_fn, train_loop_config=loop_config,
+                        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+                        scaling_config=_scaling(cfg), run_config=run_config)
+
+
+def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
+    """`copus gns`: B_noise at the experiment's initial weights, measured on its Ray workers."""
+    _, plan = prepare_plan(cfg)
+    ensure_ray(cfg)
+    with tempfile.TemporaryDirectory(prefix="copus-gns-") as storage:
+        result = _trainer(cfg, gns_worker, {"plan": plan, "steps": steps},
+                          RunConfig(name="gns", storage_path=storage, failure_config=FailureConfig(max_failures=0))).fit()
+    return result.return_value
+
+
+def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print) -> dict:
+    out = cfg.resolved_output_dir()
+    tokens, plan = prepare_plan(cfg)
     if fresh:
         clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
-    plan = plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
 
     tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment)
     layout = f"dp{cfg.parallel.dp}-tp{cfg.parallel.tp}-pp{cfg.parallel.pp}"
@@ -100,15 +123,10 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     ensure_ray(cfg)
     monitor = RunMonitor.remote()
     clock_origin = time.time() - state.elapsed_s
-    trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={"plan": plan, "monitor": monitor, "clock_origin": clock_origin},
-        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
-        scaling_config=_scaling(cfg),
-        run_config=RunConfig(name=RAY_RUN_NAME, storage_path=str(ray_storage(out)),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                             failure_config=FailureConfig(max_failures=0)),
-    )
+    trainer = _trainer(cfg, train_worker, {"plan": plan, "monitor": monitor, "clock_origin": clock_origin},
+                       RunConfig(name=RAY_RUN_NAME, storage_path=str(ray_storage(out)),
+                                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+                                 failure_config=FailureConfig(max_failures=0)))
     echo(f"training {cfg.workload.model} on {cfg.cluster.num_workers} Ray workers ({layout}, "
          f"gbs {cfg.batch.gbs}, mbs {cfg.batch.mbs}); MLflow run {run_id}")
 

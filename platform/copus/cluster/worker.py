@@ -7,6 +7,7 @@ from pathlib import Path
 
 import ray.train
 
+from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
 
@@ -29,3 +30,8 @@ def train_worker(loop_config: dict) -> dict:
         if rank == 0:  # only rank 0 speaks to the driver
             hooks.emit = emit
         return run_training(plan, hooks)
+
+
+def gns_worker(loop_config: dict) -> dict:
+    """`copus gns`: measure B_noise at fixed (initial) weights, no update, no checkpoint."""
+    return measure_gns(loop_config["plan"], loop_config["steps"])

@@ -58,7 +58,11 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer) -> Preconditioner:
 
 class GradNormProbe:
     def __init__(self, params: list[torch.nn.Parameter], tp_rank: int, norm_groups: list[ProcessGroup | None],
-                 dp_group: ProcessGroup | None, dp: int, precondition: Preconditioner | None = None):
+                 dp_group: ProcessGroup | None, dp: int, precondition: Preconditioner | None = None,
+                 use_hooks: bool = True):
+        """use_hooks: find micro-batch boundaries with gradient hooks (needed inside a pipeline
+        schedule); without, the caller calls after_microbatch() itself, which does the same
+        work with a few multi-tensor (foreach) ops instead of several ops per parameter."""
         self.params, self.tp_rank, self.norm_groups = params, tp_rank, norm_groups
         self.dp_group, self.dp = dp_group, dp
         self.precondition = precondition
@@ -66,10 +70,12 @@ class GradNormProbe:
         self._scale = 1.0
         self._microbatches = 1
         self._prev: dict[int, torch.Tensor] = {}   # accumulated local gradient after the last micro-batch
-        self._count: dict[int, int] = {}           # micro-batches accumulated so far, per parameter
+        self._count: dict[int, int] = {}           # micro-batches accumulated so far, per parameter (hooks)
+        self._seen_microbatches = 0                # the same, with explicit boundaries
         self._sum_sq: torch.Tensor | None = None
         self._handles = []
-        if dp == 1:  # only the micro-batch path needs hooks
+        self._prev_buffers: list[torch.Tensor] | None = None
+        if dp == 1 and use_hooks:  # micro-batch boundaries inside a pipeline schedule: hooks
             self._handles = [p.register_post_accumulate_grad_hook(self._on_accumulate) for p in params]
 
     def close(self) -> None:
@@ -81,7 +87,7 @@ class GradNormProbe:
         """Before a step of `microbatches` micro-batches whose gradients accumulate multiplied
         by 1 / grad_scale (m when each micro-batch loss is divided by m, 1 for the pipeline)."""
         self._armed, self._scale, self._microbatches = True, grad_scale, microbatches
-        self._prev, self._count, self._sum_sq = {}, {}, None
+        self._prev, self._count, self._sum_sq, self._seen_microbatches = {}, {}, None, 0
 
     def _on_accumulate(self, p: torch.nn.Parameter) -> None:
         if not self._armed:
@@ -100,10 +106,30 @@ class GradNormProbe:
         part = sq_norm_local([(micro * self._scale, is_tp_sharded(p.grad))], self.tp_rank).to(micro.device)
         self._sum_sq = part if self._sum_sq is None else self._sum_sq + part
 
+    def after_microbatch(self) -> None:
+        """Explicit micro-batch boundary (use_hooks=False): fold in the last micro-batch."""
+        if not self._armed:
+            return
+        grads = [local_grad(p).detach() for p in self.params]
+        if self._prev_buffers is None:  # kept across steps: no allocation per step
+            self._prev_buffers = [torch.zeros_like(g) for g in grads]
+        micro = grads if self._seen_microbatches == 0 else torch._foreach_sub(grads, self._prev_buffers)
+        self._seen_microbatches += 1
+        if self._seen_microbatches < self._microbatches:
+            torch._foreach_copy_(self._prev_buffers, grads)
+        if self.precondition is not None:
+            divisors = [self.precondition(p) for p in self.params]
+            micro = [m / d if d is not None else m for m, d in zip(micro, divisors)]
+        norms = torch._foreach_norm(micro)
+        # Embedding gradients arrive replicated before alignment: judge by the gradient's placement.
+        keep = [n for n, p in zip(norms, self.params) if is_tp_sharded(p.grad) or self.tp_rank == 0]
+        part = torch.stack(keep).float().pow(2).sum() * self._scale ** 2 if keep else torch.zeros(())
+        self._sum_sq = part if self._sum_sq is None else self._sum_sq + part
+
     def _disarm(self) -> torch.Tensor:
         """Mean over the step's micro-batches of their squared gradient norms."""
         self._armed = False
-        self._prev = {}
+        self._prev, self._count = {}, {}
         sq = self._sum_sq if self._sum_sq is not None else torch.zeros(())
         return sum_over(sq, self.norm_groups) / self._microbatches
 

@@ -79,7 +79,12 @@ class ParallelModel:
     def attach_probe(self, precondition=None) -> None:
         """Measure squared gradient norms at two batch sizes every step (for the GNS)."""
         self.probe = GradNormProbe(self.params, self.tp_rank, self._norm_groups, self.dp_group, self.dims.dp,
-                                   precondition)
+                                   precondition, use_hooks=self.pipeline is not None)
+
+    def detach_probe(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
+        self.probe, self._small, self.last_norms = None, None, None
 
     def _autocast(self):
         return self._autocast_factory() if self._autocast_factory else torch.autocast(self.device.type, enabled=False)
@@ -108,6 +113,8 @@ class ParallelModel:
                     loss = token_loss(self.module(inputs[j * mbs:(j + 1) * mbs]), targets[j * mbs:(j + 1) * mbs])
                 (loss / m).backward()
                 losses.append(loss.detach())
+                if self.probe is not None and self.dims.dp == 1:
+                    self.probe.after_microbatch()
             out = torch.stack(losses)
         else:
             with self._autocast():
