@@ -150,3 +150,12 @@ def test_run_refuses_a_validation_split_smaller_than_eval_val_samples(base_mappi
     assert proc.stderr.strip().startswith("copus: eval.val_samples: the validation split (")
     assert "has 3 samples of seq_len 32, fewer than 8" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_gns_command_refuses_a_single_batch_size(base_mapping, tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(base_mapping))
+    proc = _cli("gns", str(exp), "--set", "parallel.dp=1", "--set", "cluster.num_workers=1", "--set", "batch.mbs=8",
+                cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("copus: batch.gbs: 8 with parallel.dp 1 and batch.mbs 8 gives one batch size")

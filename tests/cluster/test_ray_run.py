@@ -10,7 +10,7 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
-from copus.cluster.driver import run_experiment
+from copus.cluster.driver import measure_experiment_gns, run_experiment
 from copus.config import config_from_mapping
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,8 @@ def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path):
     assert row["metrics.time_to_target_s"] == pytest.approx(summary["time_to_target_s"])
     client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
     for key in ("train_loss", "val_loss", "samples_per_s", "tokens_per_s", "step_time_s", "gbs", "mbs", "lr",
-                "samples", "wall_clock_s"):
+                "samples", "wall_clock_s", "gns_sqr", "gns_var", "b_noise", "critical_batch_size",
+                "statistical_efficiency"):
         assert client.get_metric_history(summary["mlflow_run_id"], key), key
     steps = _history(client, summary["mlflow_run_id"], "train_loss")
     assert sorted(steps) == list(range(1, summary["steps"] + 1))
@@ -104,3 +105,12 @@ def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_
     for key in ("forward_backward_time_s", "dp_allreduce_time_s", "optimizer_time_s", "pipeline_bubble_fraction"):
         assert client.get_metric_history(three_d["mlflow_run_id"], key), key
     assert run.data.metrics["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (p-1)/(m+p-1), m = 2
+
+
+def test_gns_command_measures_on_the_ray_workers(base_mapping):
+    cfg = config_from_mapping(base_mapping)
+    result = measure_experiment_gns(cfg, steps=5)
+    assert result["steps"] == 5 and result["reference_gbs"] == 8 and result["skipped_nonfinite"] == 0
+    for key in ("b_noise", "grad_sqr", "grad_var", "critical_batch_size"):
+        assert isinstance(result[key], float)
+    assert result["critical_batch_size"] == pytest.approx(2.0 * result["b_noise"])
