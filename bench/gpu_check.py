@@ -1,5 +1,6 @@
 """GPU check of the worker-side training path: CUDA device via accelerate, an NCCL process
-group, bf16 autocast, DCP checkpoint and exact resume on the GPU.
+group and a CUDA DeviceMesh, bf16 autocast, the GNS probe, DCP checkpoint and exact resume on
+the GPU (one GPU: layout (1,1,1)).
 
 Runs without Ray or MLflow (the worker loop does not import them), so it works on a bare GPU
 machine with torch and accelerate:
@@ -56,7 +57,9 @@ def main() -> None:
         rates = sorted(r["samples_per_s"] for r in steps[len(steps) // 2:])
         vals = [r["val_loss"] for r in records if r["kind"] == "eval"]
         print(json.dumps({"check": name, "steps": final["step"], "val_loss_first": vals[0], "val_loss_last": vals[-1],
-                          "median_samples_per_s": rates[len(rates) // 2], "seconds": round(seconds, 1)}), flush=True)
+                          "median_samples_per_s": rates[len(rates) // 2], "seconds": round(seconds, 1),
+                          "b_noise": steps[-1].get("b_noise"), "statistical_efficiency": steps[-1].get("statistical_efficiency")}),
+              flush=True)
 
     # Exact resume on the GPU: 6 steps in one go versus 3 + resume to 6.
     plan = replace(base, stop=StopRule(max_steps=6), checkpoint_every_steps=3, eval_every_steps=3)
