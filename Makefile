@@ -17,7 +17,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/copus run experiments/quickstart.yaml
+	$(VENV)/bin/copus run experiments/quickstart.yaml --fresh
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

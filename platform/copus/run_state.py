@@ -20,6 +20,9 @@ from copus.config import ConfigError, ExperimentConfig
 RUN_STATE = "run_state.json"
 RAY_STORAGE = "ray"
 RAY_RUN_NAME = "train"
+# Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
+# name-keyed optimiser state for resharding across layouts).
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -31,9 +34,11 @@ class RunState:
 
 
 def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
-    """What must not change for a checkpoint to be resumable: the model and the data."""
+    """What must not change for a checkpoint to be resumable: the model, the data and the
+    checkpoint format. The layout and batch shape may change: checkpoints reshard."""
     w = cfg.workload
-    ident = {"model": w.model, "seq_len": w.seq_len, "seed": w.seed, "data": data_fingerprint}
+    ident = {"model": w.model, "seq_len": w.seq_len, "seed": w.seed, "data": data_fingerprint,
+             "format": CHECKPOINT_FORMAT}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -54,8 +59,9 @@ def load_run_state(output_dir: Path, key: str) -> RunState:
         return RunState(resume_key=key)
     state = RunState(**json.loads(path.read_text()))
     if state.resume_key != key:
-        raise ConfigError(f"output_dir: {output_dir} holds a run of another workload (model, seq_len, seed or data "
-                          f"changed); use --fresh to start over there, or another output_dir")
+        raise ConfigError(f"output_dir: {output_dir} holds a run this configuration cannot resume (model, seq_len, "
+                          f"seed, data or checkpoint format changed); use --fresh to start over there, or another "
+                          f"output_dir")
     return state
 
 

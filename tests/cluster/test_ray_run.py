@@ -114,3 +114,15 @@ def test_gns_command_measures_on_the_ray_workers(base_mapping):
     for key in ("b_noise", "grad_sqr", "grad_var", "critical_batch_size"):
         assert isinstance(result[key], float)
     assert result["critical_batch_size"] == pytest.approx(2.0 * result["b_noise"])
+
+
+def test_relaunch_with_another_workload_is_refused_before_anything_starts(base_mapping, tmp_path):
+    from copus.config import ConfigError
+
+    first = config_from_mapping(base_mapping, ["stop.max_steps=1"])
+    run_experiment(first, echo=lambda _: None)
+    changed = config_from_mapping(base_mapping, ["stop.max_steps=2", "workload.seq_len=64"])
+    with pytest.raises(ConfigError, match=r"^output_dir: .* holds a run this configuration cannot resume"):
+        run_experiment(changed, echo=lambda _: None)
+    # --fresh starts over in the same directory.
+    assert run_experiment(changed, fresh=True, echo=lambda _: None)["steps"] == 2
