@@ -13,7 +13,6 @@ import os
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np

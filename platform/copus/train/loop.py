@@ -13,7 +13,6 @@ and clipped by the global norm. accelerate supplies the device and mixed precisi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import tempfile
