@@ -103,6 +103,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(flavour) for i in range(flavour.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(flavour.dim, flavour.norm_eps)
         self.output: nn.Linear | None = nn.Linear(flavour.dim, flavour.vocab_size, bias=False)
+        self.seq_len = seq_len
         cos, sin = rope_tables(flavour.head_dim, seq_len, flavour.rope_theta)
         # Buffers, not parameters: recomputed, never checkpointed.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -142,8 +143,26 @@ def init_weights(model: Transformer, seed: int) -> None:
 
 
 def build_model(flavour: ModelFlavour, seq_len: int, seed: int) -> Transformer:
-    if not flavour.trainable_on_cpu and not torch.cuda.is_available():
-        raise ValueError(f"workload.model: {flavour.name!r} is too large to instantiate without a GPU")
-    model = Transformer(flavour, seq_len)
+    """The whole model, initialised, on the CPU."""
+    return materialize(skeleton(flavour, seq_len), seed)
+
+
+def skeleton(flavour: ModelFlavour, seq_len: int) -> Transformer:
+    """The model on the meta device: shapes only, no memory. Cut it to a pipeline stage first,
+    then `materialize` only what this rank keeps (a 32 B model never exists whole on a rank)."""
+    with torch.device("meta"):
+        return Transformer(flavour, seq_len)
+
+
+def materialize(model: Transformer, seed: int) -> Transformer:
+    """Allocate (on the CPU) and initialise the parameters a (possibly cut) skeleton still has.
+    Values are seeded per parameter name, so they equal the whole model's."""
+    if not model.flavour.trainable_on_cpu and not torch.cuda.is_available():
+        raise ValueError(f"workload.model: {model.flavour.name!r} is too large to instantiate without a GPU")
+    model.to_empty(device="cpu")
+    if model.flavour.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight  # keep the tie through re-allocation
+    cos, sin = rope_tables(model.flavour.head_dim, model.seq_len, model.flavour.rope_theta)
+    model.rope_cos, model.rope_sin = cos, sin
     init_weights(model, seed)
     return model

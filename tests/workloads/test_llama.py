@@ -43,3 +43,16 @@ def test_initialisation_is_deterministic_per_parameter_name():
         assert torch.equal(pa, pb), name
         if not name.endswith("norm.weight"):
             assert not torch.equal(pa, pc), name
+
+
+def test_a_materialised_stage_equals_the_same_part_of_the_whole_model():
+    from copus.parallel.pipeline import keep_stage
+    from workloads.llama import materialize, skeleton
+
+    whole = dict(build_model(FLAVOURS["tiny"], 32, seed=5).named_parameters())
+    part = skeleton(FLAVOURS["tiny"], 32)
+    assert all(p.is_meta for p in part.parameters())
+    stage = materialize(keep_stage(part, 1, 2), seed=5)
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, whole[name]), name
+    assert not stage.rope_cos.is_meta

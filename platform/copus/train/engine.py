@@ -2,9 +2,9 @@
 needs from it: forward/backward over a replica's micro-batches, data-parallel gradient
 averaging with clipping, and evaluation.
 
-Construction: build the full model on the CPU from the seed (per-parameter seeding makes
-every rank's part identical to the single-process model), cut it to this rank's pipeline
-stage, shard it over the tp mesh, move it to the device. Every layout, (1,1,1) included, goes
+Construction: lay out the model on the meta device, cut it to this rank's pipeline stage,
+allocate and initialise only that stage on the CPU (per-parameter seeding makes every rank's
+part identical to the single-process model), shard it over the tp mesh, move it to the device. Every layout, (1,1,1) included, goes
 through this same code, which is what makes the layouts comparable number for number.
 """
 
@@ -24,7 +24,7 @@ from copus.parallel.grads import align_grad_placements, average_data_parallel_gr
 from copus.parallel.pipeline import PipelineRunner, keep_stage
 from copus.parallel.tensor import apply_tp
 from workloads.flavours import ModelFlavour
-from workloads.llama import build_model
+from workloads.llama import materialize, skeleton
 from workloads.tp_plan import llama_tp_plan
 
 
@@ -59,9 +59,10 @@ class ParallelModel:
             self.pp_group = self.dp_group = self.tp_group = None
             tp_mesh = None
 
-        model = build_model(flavour, seq_len, seed)
+        model = skeleton(flavour, seq_len)
         if dims.pp > 1:
             keep_stage(model, self.pp_rank, dims.pp)
+        materialize(model, seed)
         if dims.tp > 1:
             apply_tp(model, tp_mesh, llama_tp_plan(model))
         self.module: nn.Module = model.to(device)
