@@ -59,7 +59,11 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     out = Path(summary["output_dir"])
     print(f"summary: {out / 'summary.json'}")
     print(f"MLflow: {summary['mlflow_tracking_uri']} (run {summary['mlflow_run_id']})")
-    print(f"  open the UI with: .venv/bin/mlflow ui --backend-store-uri {summary['mlflow_tracking_uri']}")
+    uri = summary["mlflow_tracking_uri"]
+    if uri.startswith(("http://", "https://")):
+        print(f"  open the UI at {uri}")
+    else:
+        print(f"  open the UI with: .venv/bin/mlflow ui --backend-store-uri {uri}")
     if args.json:
         print(json.dumps(summary, indent=2))
     return 0
