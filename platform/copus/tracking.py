@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 # Which fields of a worker record become which MLflow metrics.
 STEP_METRICS = ("train_loss", "samples_per_s", "tokens_per_s", "step_time_s", "forward_backward_time_s",
-                "dp_allreduce_time_s", "optimizer_time_s", "pipeline_bubble_fraction", "grad_norm", "gbs", "mbs",
-                "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp",
+                "dp_allreduce_time_s", "grad_norm_time_s", "optimizer_time_s", "pipeline_bubble_fraction", "grad_norm",
+                "gbs", "mbs", "microbatches", "lr", "samples", "wall_clock_s", "dp", "tp", "pp",
                 "gns_sqr", "gns_var", "b_noise", "critical_batch_size", "statistical_efficiency")
 EVAL_METRICS = ("val_loss",)
 CHECKPOINT_METRICS = ("checkpoint_time_s",)

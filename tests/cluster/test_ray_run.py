@@ -102,7 +102,8 @@ def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_
     assert run.data.tags["layout"] == "dp2-tp2-pp2"
     assert run.data.metrics["pp"] == 2 and run.data.metrics["tp"] == 2
     # The step-time breakdown is logged with the layout.
-    for key in ("forward_backward_time_s", "dp_allreduce_time_s", "optimizer_time_s", "pipeline_bubble_fraction"):
+    for key in ("forward_backward_time_s", "dp_allreduce_time_s", "grad_norm_time_s", "optimizer_time_s",
+                "pipeline_bubble_fraction"):
         assert client.get_metric_history(three_d["mlflow_run_id"], key), key
     assert run.data.metrics["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (p-1)/(m+p-1), m = 2
 

@@ -36,7 +36,7 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "me
 class StepTiming:
     forward_backward_s: float = 0.0
     dp_allreduce_s: float = 0.0
-    clip_s: float = 0.0
+    grad_norm_s: float = 0.0  # global norm (tp/pp collectives) and clipping
 
 
 class ParallelModel:
@@ -140,7 +140,7 @@ class ParallelModel:
             sq_big = self.probe.large_batch() if self.probe.precondition is not None else float(sq)
             self.last_norms = NormPair(self._small[0], self._small[1], sq_big, self._step_gbs)
         norm = clip_grads_(self.params, grad_clip, sq) if grad_clip is not None else float(sq.sqrt())
-        self.timing.dp_allreduce_s, self.timing.clip_s = t2 - t, time.perf_counter() - t2
+        self.timing.dp_allreduce_s, self.timing.grad_norm_s = t2 - t, time.perf_counter() - t2
         return norm
 
     @torch.no_grad()
