@@ -28,23 +28,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from copus.core.layout import layout_problems
+from copus.core.search import valid_layouts
 from copus.parallel.dims import ParallelDims
 from copus.train.engine import ParallelModel
 from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan
 from workloads.flavours import FLAVOURS
-
-
-def valid_layouts(world: int, flavour) -> list[tuple[int, int, int]]:
-    out = []
-    for tp in range(1, world + 1):
-        for pp in range(1, world // tp + 1):
-            if world % (tp * pp) == 0:
-                dp = world // (tp * pp)
-                if not layout_problems(dp, tp, pp, flavour.shape(), world):
-                    out.append((dp, tp, pp))
-    return out
 
 
 def _rank_main(rank: int, world: int, init_file: str, layout, shapes, args, out_file: str) -> None:
@@ -101,7 +90,7 @@ def main() -> None:
           f"after {args.warmup} warm-up")
     for world in args.workers:
         print(f"\n{world} workers\n{'dp':>3} {'tp':>3} {'pp':>3} {'gbs':>5} {'mbs':>4} {'m':>3} {'step s':>8} {'samples/s':>10}")
-        for layout in valid_layouts(world, flavour):
+        for layout in valid_layouts(world, flavour.shape()):
             dp, tp, pp = layout
             shapes = [(g, b) for g in args.gbs for b in args.mbs if g % (dp * b) == 0 and g // (dp * b) >= pp]
             if not shapes:

@@ -40,24 +40,15 @@ class ModelFlavour:
 
     def shape(self) -> ModelShape:
         """What the layout rules need to know of the model."""
-        return ModelShape(self.n_layers, self.n_heads, self.n_kv_heads, self.ffn_dim, self.vocab_size)
+        return ModelShape(self.n_layers, self.n_heads, self.n_kv_heads, self.ffn_dim, self.vocab_size, self.dim,
+                          self.qkv_bias, self.tie_embeddings)
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
-    def layer_param_count(self) -> int:
-        kv_dim = self.n_kv_heads * self.head_dim
-        attn = self.dim * self.dim * 2 + self.dim * kv_dim * 2  # wq, wo, wk, wv
-        if self.qkv_bias:
-            attn += self.dim + 2 * kv_dim
-        mlp = 3 * self.dim * self.ffn_dim
-        return attn + mlp + 2 * self.dim  # two RMSNorm weights
-
     def param_count(self) -> int:
-        embed = self.vocab_size * self.dim
-        head = 0 if self.tie_embeddings else self.vocab_size * self.dim
-        return embed + head + self.n_layers * self.layer_param_count() + self.dim
+        return self.shape().param_count()
 
     @property
     def trainable_on_cpu(self) -> bool:

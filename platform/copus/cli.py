@@ -32,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gns", help="measure the gradient noise scale at the experiment's initial weights (JSON)")
     _add_experiment_args(p)
     p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
+    p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
+    _add_experiment_args(p)
+    p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     return parser
 
 
@@ -89,7 +93,23 @@ def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"validate": _cmd_validate, "run": _cmd_run, "gns": _cmd_gns}
+def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    from copus.cluster.profiler import run_profile
+    from copus.profile_table import ProfileTableError
+    from workloads.corpus import DatasetError
+
+    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    try:
+        result = run_profile(cfg, refresh=args.refresh, echo=echo)
+    except (ConfigError, DatasetError, ProfileTableError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+COMMANDS = {"validate": _cmd_validate, "run": _cmd_run, "gns": _cmd_gns, "profile": _cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> int:

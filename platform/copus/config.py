@@ -114,6 +114,25 @@ class ClusterConfig(_Section):
     gpus_per_worker: float = Field(1.0, gt=0.0)
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     report_every_steps: int = Field(1, ge=1)  # how often rank 0 sends metrics to the driver
+    memory_per_worker_gb: float | None = Field(None, gt=0.0)  # default: detected (GPU memory, or host RAM / workers)
+    memory_margin: float = Field(0.1, ge=0.0, lt=1.0)         # share of it the memory model keeps free
+
+
+class SearchConfig(_Section):
+    """The configurations the profiler measures and the controller may choose from."""
+    gbs_min: int | None = Field(None, ge=1)   # default: batch.gbs
+    gbs_max: int | None = Field(None, ge=1)   # default: batch.gbs
+    mbs: list[int] | None = None              # default: [batch.mbs]
+    layouts: list[tuple[int, int, int]] | None = None  # [dp, tp, pp] each; default: every valid layout
+
+
+class ProfileConfig(_Section):
+    budget_s: float = Field(300.0, gt=0.0)        # measuring stops once this much wall-clock is spent
+    warmup_steps: int = Field(2, ge=0)            # steps per configuration before timing (shape changes, caches)
+    steps: int = Field(5, ge=1)                   # timed steps per configuration (the median is kept)
+    gbs_per_shape: int = Field(3, ge=1)           # GBS values measured per (layout, MBS); the model predicts the rest
+    folds: int = Field(5, ge=2)                   # cross-validation folds for the model's error
+    table_dir: str | None = None                  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
 class TrackingConfig(_Section):
@@ -135,6 +154,8 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
+    search: SearchConfig = SearchConfig()
+    profile: ProfileConfig = ProfileConfig()
     tracking: TrackingConfig = TrackingConfig()
     output_dir: str = "runs/experiment"
 
@@ -151,6 +172,22 @@ class ExperimentConfig(_Section):
     @property
     def microbatches_per_replica(self) -> int:
         return self.batch.gbs // (self.parallel.dp * self.batch.mbs)
+
+    def gbs_bounds(self) -> tuple[int, int]:
+        return (self.search.gbs_min or self.batch.gbs, self.search.gbs_max or self.batch.gbs)
+
+    def mbs_choices(self) -> list[int]:
+        return sorted(set(self.search.mbs or [self.batch.mbs]))
+
+    def layout_choices(self) -> list[tuple[int, int, int]]:
+        from copus.core.search import valid_layouts
+        from workloads.flavours import FLAVOURS
+        if self.search.layouts is not None:
+            return [tuple(x) for x in self.search.layouts]
+        return valid_layouts(self.cluster.num_workers, FLAVOURS[self.workload.model].shape())
+
+    def resolved_profile_dir(self) -> Path:
+        return Path(self.profile.table_dir).expanduser().resolve() if self.profile.table_dir else self.resolved_output_dir() / "profiles"
 
     def resolved_tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
@@ -202,6 +239,34 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
             raise _FieldProblem("workload.dataset.dtype", f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)")
     if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
         raise _FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
+    _check_search(cfg, flavour.shape())
+
+
+def _check_search(cfg: ExperimentConfig, shape) -> None:
+    """The search space must contain the starting configuration and only valid layouts."""
+    from copus.core.layout import layout_problems
+
+    lo, hi = cfg.gbs_bounds()
+    if lo > hi:
+        raise _FieldProblem("search.gbs_min", f"{lo} exceeds search.gbs_max {hi}")
+    if not lo <= cfg.batch.gbs <= hi:
+        raise _FieldProblem("batch.gbs", f"{cfg.batch.gbs} is outside search.gbs_min..gbs_max = {lo}..{hi}")
+    mbs = cfg.search.mbs
+    if mbs is not None:
+        if not mbs or min(mbs) < 1:
+            raise _FieldProblem("search.mbs", f"must list positive micro-batch sizes (got {mbs})")
+        if cfg.batch.mbs not in mbs:
+            raise _FieldProblem("search.mbs", f"must include batch.mbs {cfg.batch.mbs} (got {mbs})")
+    if cfg.search.layouts is not None:
+        if not cfg.search.layouts:
+            raise _FieldProblem("search.layouts", "must list at least one [dp, tp, pp]")
+        for i, (dp, tp, pp) in enumerate(cfg.search.layouts):
+            problems = layout_problems(dp, tp, pp, shape, cfg.cluster.num_workers)
+            if problems:
+                raise _FieldProblem(f"search.layouts.{i}", f"[{dp}, {tp}, {pp}]: {problems[0][1]}")
+        p = cfg.parallel
+        if (p.dp, p.tp, p.pp) not in [tuple(x) for x in cfg.search.layouts]:
+            raise _FieldProblem("search.layouts", f"must include the starting layout parallel = [{p.dp}, {p.tp}, {p.pp}]")
 
 
 def _format_pydantic_error(err: ValidationError) -> str:

@@ -7,21 +7,12 @@ import json
 
 import mlflow
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 
 from copus.cluster.driver import measure_experiment_gns, run_experiment
 from copus.config import config_from_mapping
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    # 8 logical CPUs on a 2-core machine: the 3D test runs 8 gloo workers.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:

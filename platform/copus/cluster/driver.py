@@ -96,6 +96,34 @@ def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
     return result.return_value
 
 
+def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None]) -> dict:
+    """Run `trainer.fit()` on a thread while handing the monitor's records, in order, to
+    `on_records` on this one (MLflow, progress). Returns {"result": Result} or {"error": exc};
+    the monitor actor is released at the end."""
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as err:  # reported on the calling thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=fit, name="copus-fit", daemon=True)
+    thread.start()
+    cursor = 0
+    while True:
+        alive = thread.is_alive()
+        records = ray.get(monitor.drain.remote(cursor))
+        cursor += len(records)
+        on_records(records)
+        if not alive:
+            break
+        time.sleep(POLL_S)
+    thread.join()
+    ray.kill(monitor)
+    return outcome
+
+
 def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print) -> dict:
     out = cfg.resolved_output_dir()
     tokens, plan = prepare_plan(cfg)
@@ -129,44 +157,29 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     echo(f"training {cfg.workload.model} on {cfg.cluster.num_workers} Ray workers ({layout}, "
          f"gbs {cfg.batch.gbs}, mbs {cfg.batch.mbs}); MLflow run {run_id}")
 
-    outcome: dict = {}
+    cursor = {"last_val": None, "final": None, "last_print": 0.0}
 
-    def fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as err:  # reported on the main thread
-            outcome["error"] = err
-
-    thread = threading.Thread(target=fit, name="copus-fit", daemon=True)
-    thread.start()
-    cursor, last_val, final, last_print = 0, None, None, 0.0
-    while True:
-        alive = thread.is_alive()
-        records = ray.get(monitor.drain.remote(cursor))
-        cursor += len(records)
+    def on_records(records: list[dict]) -> None:
         if records:
             tracker.log_records(run_id, records)
         for record in records:
             if record["kind"] == "eval":
-                last_val = record["val_loss"]
+                cursor["last_val"] = record["val_loss"]
             if record["kind"] == "end":
-                final = record
+                cursor["final"] = record
             # Every validation, but at most one step line per PRINT_EVERY_S: readable on any speed.
-            if record["kind"] == "step" and time.time() - last_print < PRINT_EVERY_S:
+            if record["kind"] == "step" and time.time() - cursor["last_print"] < PRINT_EVERY_S:
                 continue
-            line = progress_line(record, plan.stop, last_val)
+            line = progress_line(record, plan.stop, cursor["last_val"])
             if line:
                 echo(line)
                 if record["kind"] == "step":
-                    last_print = time.time()
+                    cursor["last_print"] = time.time()
         state.elapsed_s = time.time() - clock_origin
         save_run_state(out, state)
-        if not alive:
-            break
-        time.sleep(POLL_S)
-    thread.join()
-    ray.kill(monitor)
 
+    outcome = fit_and_drain(trainer, monitor, on_records)
+    final = cursor["final"]
     if "error" in outcome:
         tracker.finish(run_id, "FAILED")
         raise outcome["error"]

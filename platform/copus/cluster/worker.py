@@ -10,6 +10,7 @@ import ray.train
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
+from copus.train.profile import measure_points
 
 
 def train_worker(loop_config: dict) -> dict:
@@ -35,3 +36,10 @@ def train_worker(loop_config: dict) -> dict:
 def gns_worker(loop_config: dict) -> dict:
     """`copus gns`: measure B_noise at fixed (initial) weights, no update, no checkpoint."""
     return measure_gns(loop_config["plan"], loop_config["steps"])
+
+
+def profile_worker(loop_config: dict) -> dict:
+    """`copus profile`: time the job's configurations; rank 0 streams results to the driver."""
+    monitor = loop_config["monitor"]
+    rank = ray.train.get_context().get_world_rank()
+    return measure_points(loop_config["job"], lambda record: monitor.push.remote(record) if rank == 0 else None)

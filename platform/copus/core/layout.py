@@ -12,11 +12,47 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelShape:
+    """What layout rules, memory and throughput models need to know of a decoder model."""
     n_layers: int
     n_heads: int
     n_kv_heads: int
     ffn_dim: int
     vocab_size: int
+    dim: int = 0
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * (self.dim // self.n_heads)
+
+    def layer_params(self) -> int:
+        attn = self.dim * self.dim * 2 + self.dim * self.kv_dim * 2  # wq, wo, wk, wv
+        if self.qkv_bias:
+            attn += self.dim + 2 * self.kv_dim
+        return attn + 3 * self.dim * self.ffn_dim + 2 * self.dim  # SwiGLU MLP, two RMSNorm weights
+
+    def embed_params(self) -> int:
+        return self.vocab_size * self.dim
+
+    def head_params(self) -> int:
+        """Final norm and LM head (the head shares the embedding when tied)."""
+        return self.dim + (0 if self.tie_embeddings else self.vocab_size * self.dim)
+
+    def param_count(self) -> int:
+        return self.embed_params() + self.n_layers * self.layer_params() + self.head_params()
+
+    def stage_params(self, pp: int, stage: int) -> int:
+        """Parameters held by one pipeline stage (before tensor-parallel sharding)."""
+        n = len(stage_layer_ranges(self.n_layers, pp)[stage]) * self.layer_params()
+        if stage == 0:
+            n += self.embed_params()
+        if stage == pp - 1:
+            n += self.head_params()
+        return n
+
+    def max_stage_params(self, pp: int) -> int:
+        return max(self.stage_params(pp, s) for s in range(pp))
 
 
 def stage_layer_ranges(n_layers: int, pp: int) -> list[range]:

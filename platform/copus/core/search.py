@@ -1,0 +1,79 @@
+"""The search space of an experiment: which (dp, tp, pp, mbs, gbs) configurations exist.
+
+Pure: shared by the profiler (which points to measure), the planner (which candidates to
+score) and the simulator.
+"""
+
+from __future__ import annotations
+
+from copus.core.layout import ModelShape, layout_problems
+from copus.core.throughput import Config
+
+
+def gbs_grid(lo: int, hi: int) -> list[int]:
+    """Batch sizes between lo and hi spaced by about √2: powers of two and 1.5 × powers of
+    two (they divide well by dp × mbs), plus both bounds."""
+    values = {lo, hi}
+    k = 1
+    while k <= hi:
+        for v in (k, 3 * k // 2 if k >= 2 else k):
+            if lo <= v <= hi:
+                values.add(v)
+        k *= 2
+    return sorted(values)
+
+
+def valid_layouts(world: int, shape: ModelShape) -> list[tuple[int, int, int]]:
+    """Every (dp, tp, pp) with dp × tp × pp = world that the model admits."""
+    out = []
+    for tp in range(1, world + 1):
+        for pp in range(1, world // tp + 1):
+            if world % (tp * pp) == 0:
+                dp = world // (tp * pp)
+                if not layout_problems(dp, tp, pp, shape, world):
+                    out.append((dp, tp, pp))
+    return out
+
+
+def candidates(layouts: list[tuple[int, int, int]], mbs_values: list[int], gbs_values: list[int],
+               shape: ModelShape) -> list[Config]:
+    """Every configuration of the layouts × MBS × GBS grid that divides evenly with m ≥ pp."""
+    out = []
+    for dp, tp, pp in layouts:
+        for mbs in mbs_values:
+            for gbs in gbs_values:
+                if not layout_problems(dp, tp, pp, shape, None, gbs, mbs):
+                    out.append(Config(dp, tp, pp, mbs, gbs))
+    return out
+
+
+def spread(values: list[int], count: int) -> list[int]:
+    """Up to `count` values picked from a sorted list: the ends first, then evenly between."""
+    if len(values) <= count:
+        return list(values)
+    if count == 1:
+        return [values[0]]
+    idx = sorted({round(i * (len(values) - 1) / (count - 1)) for i in range(count)})
+    return [values[i] for i in idx]
+
+
+def profile_points(cands: list[Config], per_shape: int) -> list[Config]:
+    """Which candidates to measure, in the order to measure them: for each (layout, MBS), up
+    to `per_shape` GBS values spread over its range (the model predicts the others; two
+    determine the line in m, a third checks it). Ordered so that a budget cut short still
+    covers every layout and MBS: first each shape's smallest GBS, then its largest, then the
+    middle ones; grouped by layout within each round so a worker group builds each layout once
+    per round."""
+    by_shape: dict[tuple, list[Config]] = {}
+    for c in cands:
+        by_shape.setdefault((c.dp, c.tp, c.pp, c.mbs), []).append(c)
+    picked = {key: spread(sorted(v, key=lambda c: c.gbs), per_shape) for key, v in by_shape.items()}
+    rounds: list[list[Config]] = []
+    for key, chosen in picked.items():
+        # Round 0: smallest, round 1: largest, then the rest.
+        ordered = [chosen[0]] + ([chosen[-1]] if len(chosen) > 1 else []) + chosen[1:-1]
+        for r, c in enumerate(ordered):
+            while len(rounds) <= r:
+                rounds.append([])
+            rounds[r].append(c)
+    return [c for rnd in rounds for c in sorted(rnd, key=lambda c: (c.dp, c.tp, c.pp, c.mbs))]

@@ -1,0 +1,154 @@
+"""The profile table: measured step times (and infeasible configurations) of one workload on
+one kind of hardware at one world size, as one versioned JSON file.
+
+The key (workload, hardware description, world size) names the file, so later runs of the
+same key find and extend it instead of measuring again. The fitted step-time model and its
+cross-validated error travel in the same file. Writes are atomic (temp file + rename): a
+crash mid-profile leaves the previous complete table, never half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from copus.core.layout import ModelShape
+from copus.core.memory import MemoryBreakdown
+from copus.core.throughput import (Config, Measurement, StepTimeModel, StepTimeParams, cross_validate,
+                                   fit_step_time_model)
+
+SCHEMA_VERSION = 1
+
+
+class ProfileTableError(ValueError):
+    pass
+
+
+def profile_key(workload: dict, hardware: dict, world_size: int) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "workload": workload, "hardware": hardware, "world_size": world_size}
+
+
+def key_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _config_of(row: dict) -> Config:
+    return Config(row["dp"], row["tp"], row["pp"], row["mbs"], row["gbs"])
+
+
+@dataclass
+class ProfileTable:
+    key: dict
+    rows: list[dict] = field(default_factory=list)   # one per configuration: status ok | infeasible
+    model: dict | None = None                         # fitted StepTimeModel.as_dict() and its error
+    created: float = field(default_factory=time.time)
+
+    @property
+    def id(self) -> str:
+        return key_id(self.key)
+
+    def file_name(self) -> str:
+        return f"profile-{self.id}.json"
+
+    # --- rows -------------------------------------------------------------------------
+    def row(self, cfg: Config) -> dict | None:
+        for r in self.rows:
+            if _config_of(r) == cfg:
+                return r
+        return None
+
+    def record(self, cfg: Config, **values) -> dict:
+        """Add or replace the row of `cfg` (a re-measurement replaces the old figure)."""
+        row = {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "mbs": cfg.mbs, "gbs": cfg.gbs,
+               "microbatches": cfg.microbatches, "recorded_at": time.time(), **values}
+        self.rows = [r for r in self.rows if _config_of(r) != cfg] + [row]
+        return row
+
+    def measured(self) -> list[Measurement]:
+        return [Measurement(_config_of(r), r["step_time_s"]) for r in self.rows if r["status"] == "ok"]
+
+    def infeasible(self) -> list[dict]:
+        return [r for r in self.rows if r["status"] == "infeasible"]
+
+    def known(self, cfg: Config) -> bool:
+        return self.row(cfg) is not None
+
+    # --- memory -------------------------------------------------------------------------
+    def memory_calibration(self) -> float:
+        """How far the memory model under-estimated measured peaks (>= 1; 1 when nothing was
+        measured): applied to configurations not profiled."""
+        ratios = [r["peak_memory_bytes"] / r["model_memory_bytes"] for r in self.rows
+                  if r["status"] == "ok" and r.get("peak_memory_bytes") and r.get("model_memory_bytes")]
+        return max([1.0, *ratios])
+
+    def feasible(self, cfg: Config, predicted: MemoryBreakdown, usable_bytes: float) -> tuple[bool, str]:
+        """Measured outcomes win over the memory model; unmeasured ones use the calibrated model."""
+        row = self.row(cfg)
+        if row is not None and row.get("source") == "measured":
+            return row["status"] == "ok", row.get("reason", "")
+        need = predicted.total * self.memory_calibration()
+        if need <= usable_bytes:
+            return True, ""
+        return False, f"memory model: {need / 2**30:.2f} GiB per rank > {usable_bytes / 2**30:.2f} GiB usable"
+
+    # --- model --------------------------------------------------------------------------
+    def fit(self, shape: ModelShape, folds: int) -> dict:
+        """Fit the step-time model to every measured point and measure its error on points it
+        did not see (k-fold); both are stored in the table. Returns the model entry."""
+        points = self.measured()
+        if len(points) < 2:
+            raise ProfileTableError(f"{len(points)} measured configuration(s): the step-time model needs at least 2 "
+                                    "(raise profile.budget_s)")
+        model = fit_step_time_model(points, shape)
+        report = cross_validate(points, shape, folds)
+        for p, pred, ape in zip(points, report.predicted, report.ape):
+            self.row(p.config).update({"cv_predicted_step_time_s": pred, "cv_ape": ape,
+                                       "fitted_step_time_s": model.step_time(p.config)})
+        self.model = {**model.as_dict(), "error": report.as_dict(), "fitted_on": len(points)}
+        return self.model
+
+    def step_time_model(self, shape: ModelShape) -> StepTimeModel | None:
+        if self.model is None:
+            return None
+        seen = {k: tuple(v) for k, v in self.model.get("seen", {}).items()} or None
+        return StepTimeModel(StepTimeParams.from_dict(self.model["params"]), shape, seen)
+
+    # --- file ---------------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "key": self.key, "key_id": self.id, "created": self.created,
+                "updated": time.time(), "rows": self.rows, "model": self.model}
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / self.file_name()
+        tmp = directory / f".{self.file_name()}.tmp"
+        tmp.write_text(json.dumps(self.as_dict(), indent=2))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "ProfileTable":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ProfileTableError(f"{path}: not a readable profile table ({err})") from None
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ProfileTableError(f"{path}: schema_version {data.get('schema_version')!r}, this COPUS reads "
+                                    f"{SCHEMA_VERSION}; profile again with --refresh")
+        return cls(key=data["key"], rows=data["rows"], model=data.get("model"), created=data["created"])
+
+    @classmethod
+    def open(cls, directory: Path, key: dict, refresh: bool = False) -> "ProfileTable":
+        """The table of `key` in `directory`, or a new empty one (always a new one with refresh)."""
+        table = cls(key=key)
+        path = directory / table.file_name()
+        if path.is_file() and not refresh:
+            loaded = cls.load(path)
+            if loaded.key != key:
+                raise ProfileTableError(f"{path}: holds another key than its name says; remove it or use --refresh")
+            return loaded
+        return table

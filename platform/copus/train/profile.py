@@ -1,0 +1,145 @@
+"""Worker side of `copus profile`: time real training steps of the experiment's workload in
+each configuration asked for, inside one process group.
+
+Collective: every rank calls `measure_points` with the same job. The ranks rebuild the model
+for each layout on a fresh DeviceMesh over the same process group (no relaunch between
+layouts) and change the batch shape between points within a layout, as training does. A step
+is timed from a barrier to its end on every rank (CUDA events on GPUs, so queued kernels
+count), and the slowest rank's time is kept; a point's figure is the median of its timed
+steps after warm-up. Rank 0 decides, against the wall-clock deadline, whether another point
+starts, and tells the others.
+
+Failures are not caught here: a rank that fails (out of memory, say) fails the worker group,
+and the driver records the point it was measuring as infeasible and relaunches for the rest.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from copus.core.throughput import Config
+from copus.train.data import replica_batch
+from copus.train.loop import attach_gns, build_replica, train_step, world_rank_size
+from copus.train.plan import WorkerPlan
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose (COPUS_INJECT_PROFILE_FAILURE) to exercise the recovery path."""
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    plan: WorkerPlan              # the experiment's workload; its layout and batch shape are replaced per point
+    points: tuple[Config, ...]    # in the order to measure them
+    warmup_steps: int
+    steps: int
+    deadline: float               # time.time() after which no new point starts
+    fail_at: str | None = None    # Config.label() of a point at which rank 0 raises InjectedFault
+    # The first point of a fresh worker group warms up for at least this long: for the first
+    # seconds the group's own start-up (Ray's workers and agents) still competes for the cores.
+    settle_s: float = 3.0
+
+
+class _StepClock:
+    """Wall time of one step on this rank: CUDA events on a GPU (the step's kernels included),
+    perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def time(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+
+def _agree(value: float, device: torch.device, op=dist.ReduceOp.MAX) -> float:
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def _layout_groups(points: tuple[Config, ...]) -> list[tuple[tuple[int, int, int], list[Config]]]:
+    """Consecutive points of the same layout share one model build."""
+    groups: list[tuple[tuple[int, int, int], list[Config]]] = []
+    for c in points:
+        layout = (c.dp, c.tp, c.pp)
+        if groups and groups[-1][0] == layout:
+            groups[-1][1].append(c)
+        else:
+            groups.append((layout, [c]))
+    return groups
+
+
+def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
+    """Measure the job's points in order until done or past the deadline. Rank 0 emits a
+    `profile_start` record before each point and a `profile_point` record after it."""
+    rank, _ = world_rank_size()
+    done = 0
+    for (dp, tp, pp), group in _layout_groups(job.points):
+        first = group[0]
+        plan = replace(job.plan, dp=dp, tp=tp, pp=pp, gbs=first.gbs, mbs=first.mbs)
+        if rank == 0:
+            emit({"kind": "profile_layout", "layout": [dp, tp, pp]})
+        model, optimizer, stream = build_replica(plan)
+        attach_gns(model, optimizer, plan)  # training probes gradient norms every step: so does profiling
+        clock = _StepClock(model.device)
+        cuda = model.device.type == "cuda"
+        try:
+            for cfg in group:
+                stop = time.time() >= job.deadline
+                if _agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
+                    return {"measured": done, "stopped": "budget"}
+                if rank == 0:
+                    emit({"kind": "profile_start", "config": cfg.__dict__})
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(model.device)
+                times, warmup = [], []
+                settle_until = time.time() + (job.settle_s if done == 0 else 0.0)
+                i = 0
+                while len(times) < job.steps:
+                    if rank == 0 and job.fail_at == cfg.label() and i == job.warmup_steps:
+                        raise InjectedFault(f"injected failure at {cfg.label()}")
+                    batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, dp, cfg.mbs)
+                    inputs, targets = stream.windows.batch(batch.sample_indices)
+                    lr = plan.lr.lr(0, cfg.gbs)
+                    if dist.is_initialized():
+                        dist.barrier()
+                    elapsed = clock.time(partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr,
+                                                 plan.optimizer.grad_clip))
+                    elapsed = _agree(elapsed, model.device)
+                    warming = i < job.warmup_steps or _agree(float(time.time() < settle_until), model.device) > 0
+                    (warmup if warming else times).append(elapsed)
+                    i += 1
+                peak = _agree(float(torch.cuda.max_memory_allocated(model.device)), model.device) if cuda else None
+                step = statistics.median(times)
+                done += 1
+                if rank == 0:
+                    emit({"kind": "profile_point", "config": cfg.__dict__, "step_time_s": step, "step_times": times,
+                          "warmup_times": warmup,
+                          "samples_per_s": cfg.gbs / step, "peak_memory_bytes": peak})
+        finally:
+            # Free this layout's model, optimiser state and process-group users before the next.
+            model.detach_probe()
+            model = optimizer = stream = None
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+    return {"measured": done, "stopped": "done"}
