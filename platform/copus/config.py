@@ -15,10 +15,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# Policies that exist in this version of COPUS. Others named in the design (copus,
-# cbs-pessimistic, cbs-optimistic) arrive with the Goodput controller; naming them now is
-# refused rather than silently running the static policy.
-IMPLEMENTED_POLICIES = ("static",)
 
 
 class ConfigError(ValueError):
@@ -52,7 +48,7 @@ class OptimizerConfig(_Section):
     name: Literal["adamw"] = "adamw"
     lr: float = Field(3e-3, gt=0.0)
     reference_gbs: int = Field(16, ge=1)  # the GBS at which `lr` is the right LR
-    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_scaling: Literal["sqrt", "linear", "none", "adascale"] = "sqrt"
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.1, ge=0.0)
@@ -87,7 +83,12 @@ class GNSConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    name: str = "static"
+    name: Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"] = "static"
+    efficiency: Literal["pollux", "lr-aware"] = "pollux"  # statistical-efficiency form (copus.core.efficiency)
+    threshold: float = Field(0.10, ge=0.0)        # switch only when the best beats the current goodput by this much
+    interval_s: float = Field(30.0, gt=0.0)       # decision interval (wall-clock); the switch must pay off within it
+    restart_cost_s: float = Field(30.0, ge=0.0)   # a restart's cost until one has been measured
+    layout: Literal["given", "best"] = "given"    # static: the parallel section's layout, or the profile's best for batch.gbs
 
 
 class StopConfig(_Section):
@@ -170,6 +171,11 @@ class ExperimentConfig(_Section):
         return self.parallel.dp * self.parallel.tp * self.parallel.pp
 
     @property
+    def adaptive(self) -> bool:
+        """Whether the run needs the Goodput controller (and so a profile)."""
+        return self.policy.name != "static" or self.policy.layout == "best"
+
+    @property
     def microbatches_per_replica(self) -> int:
         return self.batch.gbs // (self.parallel.dp * self.batch.mbs)
 
@@ -219,8 +225,10 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
     if cfg.eval.val_samples // p.dp < p.pp:
         raise _FieldProblem("eval.val_samples", f"{cfg.eval.val_samples} gives each of the {p.dp} replicas fewer "
                                                 f"validation samples than the {p.pp} pipeline stages")
-    if cfg.policy.name not in IMPLEMENTED_POLICIES:
-        raise _FieldProblem("policy.name", f"{cfg.policy.name!r} is not available in this version (available: {', '.join(IMPLEMENTED_POLICIES)})")
+    if cfg.optimizer.lr_scaling == "adascale" and not cfg.gns.enabled:
+        raise _FieldProblem("optimizer.lr_scaling", "adascale needs the gradient noise scale: set gns.enabled: true")
+    if cfg.policy.name != "static" and not cfg.gns.enabled:
+        raise _FieldProblem("policy.name", f"{cfg.policy.name!r} adapts to the gradient noise scale: set gns.enabled: true")
     if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):
         raise _FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
     if cfg.schedule.decay == "cosine" and cfg.schedule.decay_samples is None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from copus.config import ConfigError, ExperimentConfig
@@ -31,6 +31,9 @@ class RunState:
     mlflow_run_id: str | None = None
     elapsed_s: float = 0.0
     launches: int = 0
+    current: dict | None = None                 # the configuration the run has reached (dp, tp, pp, mbs, gbs)
+    reconfigurations: list = field(default_factory=list)
+    restart_cost_s: float | None = None         # the last measured restart downtime
 
 
 def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ray
 
 
-@ray.remote(num_cpus=0)
-class RunMonitor:
+class RecordQueue:
+    """Records in arrival order; the driver keeps its own cursor."""
+
     def __init__(self) -> None:
         self._records: list[dict] = []
 
@@ -19,5 +20,8 @@ class RunMonitor:
         self._records.append(record)
 
     def drain(self, start: int) -> list[dict]:
-        """Records from index `start` on (the driver keeps its own cursor)."""
+        """Records from index `start` on."""
         return self._records[start:]
+
+
+RunMonitor = ray.remote(num_cpus=0)(RecordQueue)

@@ -22,13 +22,13 @@ from typing import Callable
 import ray
 from ray.train import FailureConfig, RunConfig
 
-from copus.cluster.driver import _trainer, ensure_ray, fit_and_drain, prepare_plan
+from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.worker import profile_worker
 from copus.config import ExperimentConfig
 from copus.core.memory import GIB, bytes_per_rank
 from copus.core.search import candidates, gbs_grid, profile_points
-from copus.core.throughput import Config
+from copus.core.throughput import Config, StepTimeModel
 from copus.profile_table import ProfileTable, profile_key
 from copus.tracking import Tracker, flatten
 from copus.train.hardware import describe_hardware, hardware_label
@@ -89,13 +89,14 @@ def _run_group(cfg: ExperimentConfig, job: ProfileJob, on_record: Callable[[dict
     """One worker group measuring `job`; records reach `on_record` as they arrive."""
     monitor = RunMonitor.remote()
     with tempfile.TemporaryDirectory(prefix="copus-profile-") as storage:
-        trainer = _trainer(cfg, profile_worker, {"job": job, "monitor": monitor},
+        trainer = make_trainer(cfg, profile_worker, {"job": job, "monitor": monitor},
                            RunConfig(name="profile", storage_path=storage, failure_config=FailureConfig(max_failures=0)))
         def each(records: list[dict]) -> None:
             for r in records:
                 on_record(r)
 
         outcome = fit_and_drain(trainer, monitor, each)
+    ray.kill(monitor)
     return outcome.get("error")
 
 
@@ -159,6 +160,42 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
     result["mlflow_run_id"] = _log_to_mlflow(cfg, table, result)
     _print_summary(table, result, echo)
     return result
+
+
+def load_or_profile(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[ProfileTable, StepTimeModel]:
+    """The profile table of this experiment's key with its fitted model; profiles first (within
+    profile.budget_s) when there is none."""
+    shape = FLAVOURS[cfg.workload.model].shape()
+    key = profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers)
+    table = ProfileTable.open(cfg.resolved_profile_dir(), key)
+    if table.model is None:
+        echo(f"no profile for this workload, hardware and world size in {cfg.resolved_profile_dir()}: profiling first "
+             f"(up to {cfg.profile.budget_s:.0f} s)")
+        run_profile(cfg, echo=echo)
+        table = ProfileTable.open(cfg.resolved_profile_dir(), key)
+    model = table.step_time_model(shape)
+    assert model is not None
+    return table, model
+
+
+def feasible_space(cfg: ExperimentConfig, table: ProfileTable) -> list[Config]:
+    """The candidates a controller may choose: memory-feasible (measured outcomes first) and
+    within what the profile covered (no extrapolation to parallel degrees never measured)."""
+    hardware = table.key["hardware"]
+    usable = device_memory_bytes(cfg, hardware) * (1 - cfg.cluster.memory_margin)
+    model = table.step_time_model(FLAVOURS[cfg.workload.model].shape())
+    return [c for c in search_space(cfg)
+            if table.feasible(c, memory_estimate(cfg, c, hardware), usable)[0] and not model.extrapolates(c)]
+
+
+def predicted_throughputs(table: ProfileTable, model: StepTimeModel, space: list[Config]) -> dict[Config, float]:
+    """Samples/s of each configuration: the measured figure where the table has one (a lookup
+    table, as COPUS profiles), the fitted model's prediction elsewhere."""
+    out = {}
+    for c in space:
+        row = table.row(c)
+        out[c] = row["samples_per_s"] if row is not None and row["status"] == "ok" else model.throughput(c)
+    return out
 
 
 def _screen_memory(cfg: ExperimentConfig, table: ProfileTable, space: list[Config], hardware: dict,

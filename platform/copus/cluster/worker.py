@@ -28,8 +28,12 @@ def train_worker(loop_config: dict) -> dict:
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
         hooks = LoopHooks(persist_checkpoint=persist, resume_from=Path(resume_dir) if resume_dir else None,
                           clock_origin=loop_config["clock_origin"])
-        if rank == 0:  # only rank 0 speaks to the driver
+        if rank == 0:  # only rank 0 speaks to the driver (and the controller)
             hooks.emit = emit
+            if loop_config.get("adaptive"):
+                hooks.decide = lambda step, current: ray.get(monitor.decision.remote())
+        elif loop_config.get("adaptive"):
+            hooks.decide = lambda step, current: None  # follows rank 0's broadcast
         return run_training(plan, hooks)
 
 

@@ -15,14 +15,15 @@ def batch_scale(rule: str, gbs: int, reference_gbs: int) -> float:
     """LR multiplier for training at `gbs` instead of `reference_gbs`.
 
     sqrt: Adam/AdamW (Malladi et al. 2022; the COPUS and AdaptDL default); linear: SGD
-    (Goyal et al. 2017); none: keep the LR.
+    (Goyal et al. 2017); none: keep the LR. adascale follows the measured gain instead
+    (`LRSchedule.lr(..., gain=...)`), 1 here.
     """
     ratio = gbs / reference_gbs
     if rule == "sqrt":
         return math.sqrt(ratio)
     if rule == "linear":
         return ratio
-    if rule == "none":
+    if rule in ("none", "adascale"):
         return 1.0
     raise ValueError(f"optimizer.lr_scaling: unknown rule {rule!r}")
 
@@ -48,5 +49,10 @@ class LRSchedule:
             return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 
-    def lr(self, samples_seen: int, gbs: int) -> float:
-        return self.base_lr * batch_scale(self.scaling, gbs, self.reference_gbs) * self.shape(samples_seen)
+    def lr(self, samples_seen: int, gbs: int, gain: float | None = None) -> float:
+        """The LR of the step that starts at `samples_seen` with batch size `gbs`. With the
+        adascale rule the multiplier is AdaScale's gain r (`copus.core.efficiency.adascale_gain`,
+        1 until the noise scale is known), which warm-up and decay then shape as for the others."""
+        scale = (gain if gain is not None else 1.0) if self.scaling == "adascale" else \
+            batch_scale(self.scaling, gbs, self.reference_gbs)
+        return self.base_lr * scale * self.shape(samples_seen)

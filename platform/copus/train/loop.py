@@ -24,7 +24,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
+from copus.core.planner import same_shape
+from copus.core.throughput import Config
 from copus.core.layout import bubble_fraction
 from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import adam_preconditioner
@@ -54,6 +57,9 @@ class LoopHooks:
     # mbs) to use, which must be the same on every rank. A change within the layout needs no
     # restart: only the number of micro-batches (and the schedule) changes.
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
+    # Asked on rank 0 at every step boundary with (step, current Config): the controller's
+    # decision as {"config": {...}, ...} or None. Rank 0 broadcasts it; every rank follows.
+    decide: Callable[[int, Config], dict | None] | None = None
 
 
 def world_rank_size() -> tuple[int, int]:
@@ -74,6 +80,15 @@ def _broadcast_flag(value: bool, device: torch.device) -> bool:
     if dist.is_available() and dist.is_initialized():
         dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def _broadcast_config(cfg: Config | None, device: torch.device) -> Config | None:
+    """Rank 0's configuration (or None) on every rank."""
+    t = torch.tensor([cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs] if cfg else [0] * 5, dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast(t, src=0)
+    values = [int(v) for v in t.tolist()]
+    return Config(*values) if values[0] else None
 
 
 def make_optimizer(model: ParallelModel, o: OptimizerPlan, lr: float) -> torch.optim.Optimizer:
@@ -128,7 +143,7 @@ def attach_gns(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: Wor
     if not plan.gns.enabled:
         return None
     model.attach_probe(adam_preconditioner(optimizer) if plan.gns.precondition == "adam" else None)
-    return GNSEstimator(plan.gbs, plan.gns.smoothing, plan.gns.critical_factor)
+    return GNSEstimator(plan.gns.reference_gbs or plan.gbs, plan.gns.smoothing, plan.gns.critical_factor)
 
 
 def fresh_accelerator(use_gpu: bool, mixed_precision: str):
@@ -172,11 +187,12 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
 
     state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
-             "last_val_loss": None, "last_val_step": None}
+             "last_val_loss": None, "last_val_step": None, "reconfigure": None}
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
         state.update({k: saved[k] for k in state if k in saved})
+        state["reconfigure"] = None  # done: this launch runs in the new configuration
         if gns is not None and "gns" in saved:
             gns.load_state_dict(saved["gns"])
 
@@ -231,8 +247,25 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         if hooks.batch_size is not None:
             gbs, mbs = hooks.batch_size(state["step"], state["samples"], gbs, mbs)
             dims.validate(flavour.shape(), gbs=gbs, mbs=mbs)
+        if hooks.decide is not None:
+            current = Config(plan.dp, plan.tp, plan.pp, mbs, gbs)
+            decision = hooks.decide(state["step"], current) if rank == 0 else None
+            target = _broadcast_config(Config(**decision["config"]) if decision else None, device)
+            if target is not None and target != current:
+                in_place = same_shape(target, current)
+                if rank == 0:
+                    hooks.emit({"kind": "reconfigure", "step": state["step"], "samples": state["samples"],
+                                "wall_clock_s": wall(), "from": current.__dict__, "to": target.__dict__,
+                                "in_place": in_place, **{k: v for k, v in (decision or {}).items() if k != "config"}})
+                if not in_place:  # a new layout or MBS: checkpoint and hand back to the driver
+                    stop_reason = "reconfigure"
+                    state["reconfigure"] = target.__dict__
+                    break
+                dims.validate(flavour.shape(), gbs=target.gbs, mbs=target.mbs)
+                gbs = target.gbs
         t_step = time.perf_counter()
-        lr = plan.lr.lr(state["samples"], gbs)
+        gain = adascale_gain(gns.grad_sqr, gns.grad_var, gns.reference_gbs, gbs) if gns is not None and gns.ready else None
+        lr = plan.lr.lr(state["samples"], gbs, gain)
         batch = replica_batch(stream.next_global_batch(gbs), model.dp_rank, plan.dp, mbs)
         m = len(batch.microbatches)
         inputs, targets = train_windows.batch(batch.sample_indices)
@@ -265,8 +298,8 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         if stop_reason is None and state["step"] % plan.checkpoint_every_steps == 0:
             checkpoint()
 
-    if state["last_val_step"] != state["step"]:
-        run_eval()  # the final model's validation loss, always measured
+    if state["last_val_step"] != state["step"] and stop_reason != "reconfigure":
+        run_eval()  # the final model's validation loss, always measured (not when only the layout changes)
     checkpoint()
     if on_finish is not None:
         on_finish(model.module)

@@ -47,6 +47,7 @@ class GNSPlan:
     smoothing: float = 0.999
     critical_factor: float = 2.0
     precondition: str = "none"
+    reference_gbs: int | None = None  # B0 of the noise scale and efficiency; None: the plan's GBS
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
         stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s),
-        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition),
+        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition, cfg.batch.gbs),
         eval_every_steps=cfg.eval.every_steps,
         val_samples=cfg.eval.val_samples,
         checkpoint_every_steps=cfg.checkpoint.every_steps,

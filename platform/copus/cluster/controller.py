@@ -1,0 +1,112 @@
+"""The Goodput controller: a named Ray actor per run that rank 0 reports to.
+
+It is the run's record queue (the driver drains it for MLflow and progress, as it drains a
+RunMonitor) and it keeps the history of what rank 0 reports every interval: GNS statistics,
+step times, losses, samples seen. Every decision interval it asks the policy (through the
+planner) for a decision; a switch waits in `pending` until rank 0 collects it at the next
+step boundary (actor calls from one caller run in order, so a decision made on step N's
+report is seen before step N + 1). Rank 0 broadcasts it to all ranks. The actor lives as long
+as the driver's run, across worker-group relaunches; the driver keeps its snapshot in the
+output directory for a driver restart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ray
+
+from copus.cluster.monitor import RecordQueue
+from copus.core.planner import Planner
+from copus.core.policies import decide
+from copus.core.throughput import Config
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    policy: str
+    throughputs: tuple[tuple[Config, float], ...]  # memory-feasible search space, samples/s of each
+    b0: int                          # reference GBS of the noise scale and the efficiency
+    efficiency: str
+    critical_factor: float
+    threshold: float
+    interval_s: float
+    restart_cost_s: float
+    # Tests and benchmarks only: the noise scale the k-th decision sees (the last one repeats),
+    # instead of the measured one.
+    b_noise_script: tuple[float, ...] | None = None
+
+
+class Controller(RecordQueue):
+    def __init__(self, spec: ControllerSpec, restart_cost_s: float | None = None):
+        super().__init__()
+        self.spec = spec
+        table = dict(spec.throughputs)
+        self.planner = Planner(list(table), lambda cfgs: [table[c] for c in cfgs], spec.b0, spec.efficiency,
+                               spec.critical_factor, spec.threshold)
+        self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
+        self.history: list[dict] = []
+        self.evaluations: list[dict] = []
+        self.pending: dict | None = None
+        self._interval_start: float | None = None
+
+    def _b_noise(self, record: dict) -> float:
+        b = record.get("b_noise")
+        return float(b) if b is not None else float("nan")
+
+    def _decision_b_noise(self, measured: float) -> float:
+        script = self.spec.b_noise_script
+        if script:
+            return float(script[min(len(self.evaluations), len(script) - 1)])
+        return measured
+
+    def push(self, record: dict) -> None:
+        super().push(record)
+        if record.get("kind") == "step":
+            self._observe(record)
+
+    def _observe(self, r: dict) -> None:
+        b_noise = self._b_noise(r)
+        self.history.append({"step": r["step"], "samples": r["samples"], "wall_clock_s": r["wall_clock_s"],
+                             "step_time_s": r["step_time_s"], "train_loss": r["train_loss"], "b_noise": b_noise,
+                             "gbs": r["gbs"]})
+        if self._interval_start is None:
+            self._interval_start = r["wall_clock_s"]
+        if self.pending is not None or r["wall_clock_s"] - self._interval_start < self.spec.interval_s:
+            return
+        self._interval_start = r["wall_clock_s"]
+        b_noise = self._decision_b_noise(b_noise)
+        current = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+        d = decide(self.spec.policy, self.planner, current, b_noise, self.spec.critical_factor, self.spec.interval_s,
+                   self.restart_cost_s)
+        if d is None:
+            self.evaluations.append({"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise,
+                                     "switch": False, "reason": "nothing to decide"})
+            return
+        entry = {"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise, "switch": d.switch,
+                 "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
+        self.evaluations.append(entry)
+        if d.switch:
+            self.pending = {"config": d.target.__dict__, "restart": d.restart, "reason": d.reason,
+                            "b_noise": b_noise if math.isfinite(b_noise) else None,
+                            "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
+                            "predicted_goodput": d.best.goodput, "current_predicted_goodput": d.current.goodput,
+                            "predicted_throughput": d.best.throughput, "predicted_efficiency": d.best.efficiency}
+
+    def decision(self) -> dict | None:
+        """The switch decided since the last call, if any (rank 0, at a step boundary)."""
+        out, self.pending = self.pending, None
+        return out
+
+    def observed_downtime(self, seconds: float, restart: bool) -> None:
+        """The driver measured a reconfiguration: restarts now cost what the last one did."""
+        if restart:
+            self.restart_cost_s = seconds
+
+    def snapshot(self) -> dict:
+        return {"restart_cost_s": self.restart_cost_s, "decisions": len(self.evaluations),
+                "steps_observed": len(self.history), "evaluations": self.evaluations[-200:]}
+
+
+GoodputController = ray.remote(num_cpus=0)(Controller)

@@ -1,0 +1,103 @@
+"""What every Ray-side command shares: joining or starting the cluster, checking the dataset,
+building a TorchTrainer for the experiment, and running it while draining rank 0's records."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from copus.config import ConfigError, ExperimentConfig
+from copus.train.data import num_windows
+from copus.train.plan import WorkerPlan, plan_from_config
+from workloads.corpus import TokenFiles, prepare_dataset
+from workloads.flavours import FLAVOURS
+
+POLL_S = 0.5
+
+
+def ensure_ray(cfg: ExperimentConfig) -> None:
+    """Join the cluster named by RAY_ADDRESS (as under `ray job submit`), else start a local one."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return
+    c = cfg.cluster
+    # A local cluster on a small machine: advertise enough CPUs for every worker, since
+    # tests and the quickstart deliberately run several gloo workers on 2 cores.
+    needed = int(c.num_workers * c.cpus_per_worker + 0.999)
+    # Worker logs stay in Ray's session logs unless COPUS_WORKER_LOGS=1; failures still surface
+    # through TrainingFailedError with the worker's traceback.
+    ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
+             log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1")
+
+
+def _scaling(cfg: ExperimentConfig) -> ScalingConfig:
+    c = cfg.cluster
+    resources = {"CPU": c.cpus_per_worker}
+    if c.use_gpu:
+        resources["GPU"] = c.gpus_per_worker
+    return ScalingConfig(num_workers=c.num_workers, use_gpu=c.use_gpu, resources_per_worker=resources)
+
+
+def check_dataset_fits(cfg: ExperimentConfig, tokens: TokenFiles) -> None:
+    """Refuse, before any worker starts, a dataset too small for the experiment."""
+    seq = cfg.workload.seq_len
+    for split, path, needed, field in (("train", tokens.train, 1, "workload.dataset.path"),
+                                       ("validation", tokens.val, cfg.eval.val_samples, "eval.val_samples")):
+        samples = num_windows(os.path.getsize(path) // np.dtype(tokens.dtype).itemsize, seq)
+        if samples < needed:
+            raise ConfigError(f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}")
+
+
+def prepare_plan(cfg: ExperimentConfig) -> tuple[TokenFiles, WorkerPlan]:
+    """The dataset's token files (built or cached) and the workers' plan; refuses a dataset
+    too small for the experiment before anything starts."""
+    ds = cfg.workload.dataset
+    tokens = prepare_dataset(ds.kind, ds.path, ds.val_path, ds.text_field, ds.dtype, ds.val_fraction,
+                             FLAVOURS[cfg.workload.model].vocab_size, ds.cache_dir)
+    check_dataset_fits(cfg, tokens)
+    return tokens, plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
+
+
+def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config: RunConfig) -> TorchTrainer:
+    return TorchTrainer(worker_fn, train_loop_config=loop_config,
+                        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+                        scaling_config=_scaling(cfg), run_config=run_config)
+
+
+def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None], cursor: int = 0) -> dict:
+    """Run `trainer.fit()` on a thread while handing the monitor's records, in order, to
+    `on_records` on this one (MLflow, progress), from index `cursor` of the monitor's records
+    on (a monitor that outlives several worker groups keeps its earlier records). Returns
+    {"result": Result} or {"error": exc}, and {"cursor": the index after the last record}."""
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as err:  # reported on the calling thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=fit, name="copus-fit", daemon=True)
+    thread.start()
+    while True:
+        alive = thread.is_alive()
+        records = ray.get(monitor.drain.remote(cursor))
+        cursor += len(records)
+        on_records(records)
+        if not alive:
+            break
+        time.sleep(POLL_S)
+    thread.join()
+    outcome["cursor"] = cursor
+    return outcome
+
+

@@ -1,0 +1,120 @@
+"""The Goodput planner: score every candidate configuration, pick the best, decide whether a
+switch is worth it.
+
+    goodput(cfg) = throughput(cfg) [samples/s, from the step-time model] × SE(cfg.gbs)
+
+SE from the current gradient noise scale in the chosen form (`copus.core.efficiency`).
+A switch happens only when the best candidate beats the current configuration by the
+threshold (default 10 %) and its gain over the next decision interval outweighs the cost of
+getting there: a change of GBS alone is made in place (cost ≈ 0); a change of layout or MBS
+restarts the worker group (cost measured, initially estimated). Switching is worth it when
+
+    goodput_best × (interval − cost) > goodput_current × interval
+
+Pure and vectorised: throughputs of all candidates are computed once per model, each
+decision is a few numpy operations (well under a millisecond for thousands of candidates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from copus.core.efficiency import efficiency
+from copus.core.throughput import Config
+
+
+def same_shape(a: Config, b: Config) -> bool:
+    """Same layout and MBS: only the GBS differs, a change made in place."""
+    return (a.dp, a.tp, a.pp, a.mbs) == (b.dp, b.tp, b.pp, b.mbs)
+
+
+@dataclass(frozen=True)
+class Scored:
+    config: Config
+    throughput: float   # samples/s predicted
+    efficiency: float   # SE(gbs)
+    goodput: float
+
+    def as_dict(self) -> dict:
+        return {"config": self.config.__dict__, "throughput": self.throughput, "efficiency": self.efficiency,
+                "goodput": self.goodput}
+
+
+@dataclass(frozen=True)
+class Decision:
+    current: Scored
+    best: Scored
+    switch: bool
+    restart: bool          # the switch needs a new worker group (layout or MBS change)
+    predicted_gain: float  # best goodput / current goodput - 1
+    reason: str
+
+    @property
+    def target(self) -> Config:
+        return self.best.config if self.switch else self.current.config
+
+
+class Planner:
+    def __init__(self, candidates: list[Config], throughput: Callable[[list[Config]], np.ndarray], b0: int,
+                 form: str = "pollux", critical_factor: float = 2.0, threshold: float = 0.10):
+        if not candidates:
+            raise ValueError("the search space has no feasible configuration")
+        self.candidates = list(candidates)
+        self.throughputs = np.asarray(throughput(self.candidates), dtype=float)
+        self.gbs = np.array([c.gbs for c in self.candidates], dtype=float)
+        self.index = {c: i for i, c in enumerate(self.candidates)}
+        self.b0, self.form, self.critical_factor, self.threshold = b0, form, critical_factor, threshold
+
+    def _efficiency(self, b_noise: float) -> np.ndarray:
+        se = efficiency(self.form, b_noise, self.b0, self.gbs, self.critical_factor)
+        # Before the noise scale is known, treat every batch size as equally efficient only at
+        # B0 and let larger ones pay fully (SE = B0/B): no evidence, no credit.
+        return np.where(np.isnan(se), np.minimum(1.0, self.b0 / self.gbs), se)
+
+    def goodputs(self, b_noise: float) -> np.ndarray:
+        return self.throughputs * self._efficiency(b_noise)
+
+    def score(self, cfg: Config, b_noise: float) -> Scored:
+        i = self.index[cfg]
+        se = float(self._efficiency(b_noise)[i])
+        return Scored(cfg, float(self.throughputs[i]), se, float(self.throughputs[i]) * se)
+
+    def best(self, b_noise: float, allowed: Callable[[Config], bool] | None = None,
+             by: str = "goodput") -> Scored:
+        """The best candidate by goodput (or by throughput alone), among `allowed` ones."""
+        values = self.goodputs(b_noise) if by == "goodput" else self.throughputs.copy()
+        if allowed is not None:
+            mask = np.array([allowed(c) for c in self.candidates])
+            if not mask.any():
+                raise ValueError("no candidate satisfies the policy's constraint")
+            values = np.where(mask, values, -np.inf)
+        return self.score(self.candidates[int(np.argmax(values))], b_noise)
+
+    def decide(self, current: Config, b_noise: float, interval_s: float, restart_cost_s: float,
+               allowed: Callable[[Config], bool] | None = None, target: Config | None = None) -> Decision:
+        """Whether to move from `current`, and where: the candidate with the most goodput over
+        the next interval net of its switching cost (or the policy's `target`)."""
+        now = self.score(current, b_noise) if current in self.index else Scored(current, float("nan"), float("nan"), 0.0)
+        chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput threshold
+        if target is None:
+            goodput = self.goodputs(b_noise)
+            cost = np.array([0.0 if same_shape(c, current) else restart_cost_s for c in self.candidates])
+            net = goodput * np.clip(1.0 - cost / interval_s, 0.0, None)
+            if allowed is not None:
+                net = np.where([allowed(c) for c in self.candidates], net, -np.inf)
+            target = self.candidates[int(np.argmax(net))]
+        best = self.score(target, b_noise)
+        restart = not same_shape(best.config, current)
+        cost = restart_cost_s if restart else 0.0
+        gain = best.goodput / now.goodput - 1 if now.goodput > 0 else float("inf")
+        if best.config == current:
+            return Decision(now, best, False, False, 0.0, "current configuration is the best")
+        if not chosen_by_policy and gain < self.threshold:
+            return Decision(now, best, False, restart, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold")
+        if best.goodput * max(interval_s - cost, 0.0) <= now.goodput * interval_s:
+            return Decision(now, best, False, restart, gain,
+                            f"gain {gain:.1%} does not repay a {cost:.0f} s reconfiguration within {interval_s:.0f} s")
+        return Decision(now, best, True, restart, gain, f"predicted goodput +{gain:.1%}")

@@ -1,0 +1,60 @@
+"""Batch-size and layout policies. They share everything (planner, controller, restarts,
+in-place GBS changes) except two choices: where to start and what to move to.
+
+- copus:           start from the experiment's configuration; move to the candidate with the
+                   best goodput (GBS, MBS and layout all adapt), with hysteresis and cost.
+- static:          fixed GBS (`batch.gbs`); the given layout (`policy.layout: given`) or the
+                   one with the best throughput for that GBS in the profile (`best`); never moves.
+- cbs:             GBS follows the critical batch size c × B_noise (nearest GBS of the grid the
+                   layout admits), layout and MBS fixed at the experiment's.
+- cbs-pessimistic: as cbs, with the layout and MBS of best throughput at the initial GBS.
+- cbs-optimistic:  as cbs, with the layout and MBS of best throughput at the largest GBS.
+
+Pure: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+import math
+
+from copus.core.planner import Decision, Planner, same_shape
+from copus.core.throughput import Config
+
+POLICIES = ("copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic")
+
+
+def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
+    """The candidate with `shape_of`'s layout and MBS whose GBS is nearest to `gbs` (in ratio)."""
+    same = [c for c in planner.candidates if same_shape(c, shape_of)]
+    if not same:
+        raise ValueError(f"no candidate has the layout and MBS of {shape_of.label()}")
+    return min(same, key=lambda c: (abs(math.log(c.gbs / max(gbs, 1e-9))), c.gbs))
+
+
+def initial_config(policy: str, planner: Planner, start: Config, static_layout: str = "given") -> Config:
+    """Where a run of `policy` starts (before any gradient noise is known)."""
+    at_gbs = lambda g: (lambda c: c.gbs == g)  # noqa: E731 - a small predicate factory
+    if policy in ("copus", "cbs") or (policy == "static" and static_layout == "given"):
+        return start
+    if policy in ("static", "cbs-pessimistic"):
+        return planner.best(float("nan"), at_gbs(start.gbs), by="throughput").config
+    if policy == "cbs-optimistic":
+        largest = max(c.gbs for c in planner.candidates)
+        shape = planner.best(float("nan"), at_gbs(largest), by="throughput").config
+        return nearest_gbs(planner, shape, start.gbs)
+    raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+
+
+def decide(policy: str, planner: Planner, current: Config, b_noise: float, critical_factor: float,
+           interval_s: float, restart_cost_s: float) -> Decision | None:
+    """The policy's decision now, or None when it has nothing to decide."""
+    if policy == "static":
+        return None
+    if policy == "copus":
+        return planner.decide(current, b_noise, interval_s, restart_cost_s)
+    if policy.startswith("cbs"):
+        if not math.isfinite(b_noise) or b_noise <= 0:
+            return None
+        target = nearest_gbs(planner, current, critical_factor * b_noise)
+        return planner.decide(current, b_noise, interval_s, restart_cost_s, target=target)
+    raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")

@@ -1,0 +1,112 @@
+"""The planner and the policies: goodput ordering, memory, hysteresis, the restart-cost rule,
+and the shape the paper reports (pipeline-heavy at small GBS, data-parallel-heavy at large)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from copus.core.planner import Planner, same_shape
+from copus.core.policies import POLICIES, decide, initial_config, nearest_gbs
+from copus.core.search import candidates, gbs_grid, valid_layouts
+from copus.core.throughput import Config, StepTimeModel, StepTimeParams
+from workloads.flavours import FLAVOURS
+
+SHAPE = FLAVOURS["small"].shape()
+GRID = gbs_grid(16, 512)
+CANDS = candidates(valid_layouts(8, SHAPE), [2, 4, 8], GRID, SHAPE)
+MODEL = StepTimeModel(StepTimeParams(a0=0.004, a1=0.012, c0=0.002, c1=0.0008, p0=0.003, p1=0.0005, d0=0.05,
+                                     d1=4e-9, o0=0.02, o1=2e-9, z=1.0), SHAPE)
+
+
+def model_throughput(cfgs):
+    return np.array([c.gbs for c in cfgs]) / MODEL.step_times(cfgs)
+
+
+def planner(**kw) -> Planner:
+    return Planner(CANDS, model_throughput, 16, **kw)
+
+
+@settings(max_examples=30)
+@given(st.floats(1, 2000), st.floats(1.5, 10))
+def test_prefers_larger_gbs_as_the_noise_scale_grows(b_noise, factor):
+    p = planner()
+    assert p.best(b_noise * factor).config.gbs >= p.best(b_noise).config.gbs
+
+
+def test_goodput_is_throughput_times_efficiency():
+    p = planner(form="pollux")
+    s = p.score(CANDS[7], 100.0)
+    assert s.goodput == pytest.approx(s.throughput * (100 + 16) / (100 + CANDS[7].gbs))
+    lr_aware = Planner(CANDS, model_throughput, 16, form="lr-aware", critical_factor=2.0).score(CANDS[7], 100.0)
+    assert lr_aware.efficiency == pytest.approx((200 + 16) / (200 + CANDS[7].gbs)) and lr_aware.efficiency >= s.efficiency
+
+
+def test_respects_memory_by_choosing_only_among_feasible_candidates():
+    best = planner().best(500.0).config
+    without = Planner([c for c in CANDS if c != best], model_throughput, 16)
+    assert without.best(500.0).config != best
+
+
+def test_hysteresis_and_restart_cost():
+    p = planner(threshold=0.10)
+    best = p.best(300.0)
+    # A current configuration within 10% of the best: stay.
+    close = max((c for c in CANDS if c != best.config and p.score(c, 300.0).goodput > best.goodput / 1.09),
+                key=lambda c: -p.score(c, 300.0).goodput, default=None)
+    if close is not None:
+        assert not p.decide(close, 300.0, interval_s=60, restart_cost_s=0).switch
+    # Far behind: switch, unless the restart cannot pay off within the interval.
+    worst = min(CANDS, key=lambda c: p.score(c, 300.0).goodput)
+    d = p.decide(worst, 300.0, interval_s=60, restart_cost_s=5)
+    assert d.switch and d.predicted_gain > 0.1
+    if d.restart:
+        # A restart that cannot repay itself is not chosen: an in-place GBS change may be.
+        costly = p.decide(worst, 300.0, interval_s=60, restart_cost_s=59.9)
+        assert not costly.switch or not costly.restart
+    # An in-place GBS change costs nothing: a big restart cost does not block it.
+    same = [c for c in CANDS if same_shape(c, worst)]
+    target = max(same, key=lambda c: p.score(c, 300.0).goodput)
+    if target != worst:
+        assert p.decide(worst, 300.0, 60, 1e9, target=target).switch
+
+
+def test_pipeline_heavy_at_small_gbs_and_data_parallel_heavy_at_large():
+    # A scripted throughput table with the paper's shape: pipelines fill well at small batches
+    # (few samples per replica), data parallelism wins once there are enough samples.
+    def scripted(cfgs):
+        return np.array([(c.gbs / 16) ** 0.2 * (150 if c.pp > 1 else 100) if c.gbs <= 64 else
+                         (c.gbs / 16) ** 0.2 * (160 if c.dp == 8 else 120) for c in cfgs])
+
+    p = Planner(CANDS, scripted, 16)
+    small = p.best(1.0, allowed=lambda c: c.gbs == 32).config
+    large = p.best(1.0, allowed=lambda c: c.gbs == 256).config
+    assert small.pp > 1 and large.dp == 8
+
+
+def test_policies_share_the_planner_and_differ_in_the_decision():
+    p = planner()
+    start = Config(8, 1, 1, 2, 16)
+    assert initial_config("copus", p, start) == start == initial_config("cbs", p, start)
+    pessimistic = initial_config("cbs-pessimistic", p, start)
+    optimistic = initial_config("cbs-optimistic", p, start)
+    assert pessimistic.gbs == 16 and optimistic.gbs == nearest_gbs(p, optimistic, 16).gbs
+    assert pessimistic == p.best(float("nan"), lambda c: c.gbs == 16, by="throughput").config
+    assert initial_config("static", p, start, "best").gbs == 16
+    assert decide("static", p, start, 100.0, 2.0, 60, 10) is None
+    cbs = decide("cbs", p, start, 100.0, 2.0, 60, 10)
+    assert cbs.switch and same_shape(cbs.target, start) and cbs.target.gbs == nearest_gbs(p, start, 200).gbs
+    assert decide("cbs", p, start, float("nan"), 2.0, 60, 10) is None
+    assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"}
+
+
+def test_a_32_gpu_search_space_is_planned_over_every_candidate():
+    # Latency is measured by bench/planner.py (tests never assert on time).
+    shape = FLAVOURS["llama-2-13b"].shape()
+    cands = candidates(valid_layouts(32, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape)
+    model = StepTimeModel(MODEL.params, shape)
+    p = Planner(cands, lambda cfgs: np.array([c.gbs for c in cfgs]) / model.step_times(cfgs), 32)
+    assert len(cands) > 500 and np.all(np.isfinite(p.throughputs))
+    assert p.decide(cands[0], 1000.0, 60, 30).best.config in cands

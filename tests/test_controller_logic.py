@@ -1,0 +1,89 @@
+"""The controller's bookkeeping without a cluster: decisions every interval, handed out once,
+scripted noise, restart cost learned from measured downtime; LR rules follow the GBS."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from copus.cluster.controller import Controller, ControllerSpec
+from copus.core.efficiency import adascale_gain, efficiency
+from copus.core.schedule import LRSchedule
+from copus.core.throughput import Config
+
+TABLE = ((Config(2, 1, 1, 2, 8), 100.0), (Config(2, 1, 1, 2, 16), 150.0), (Config(1, 1, 2, 2, 16), 300.0))
+
+
+def spec(**kw) -> ControllerSpec:
+    base = dict(policy="copus", throughputs=TABLE, b0=8, efficiency="pollux", critical_factor=2.0, threshold=0.1,
+                interval_s=10.0, restart_cost_s=5.0)
+    return ControllerSpec(**{**base, **kw})
+
+
+def step(n: int, wall: float, cfg: Config, b_noise: float | None = 50.0) -> dict:
+    return {"kind": "step", "step": n, "samples": n * cfg.gbs, "wall_clock_s": wall, "step_time_s": 0.1,
+            "train_loss": 3.0, "b_noise": b_noise, "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "mbs": cfg.mbs,
+            "gbs": cfg.gbs}
+
+
+def test_decides_once_per_interval_and_hands_the_decision_out_once():
+    c = Controller(spec(restart_cost_s=1.0))
+    start = Config(2, 1, 1, 2, 8)
+    c.push(step(1, 1.0, start))
+    c.push(step(2, 5.0, start))
+    assert c.decision() is None and c.evaluations == []      # interval not over yet
+    c.push(step(3, 11.5, start))
+    d = c.decision()
+    assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["restart"]
+    assert c.decision() is None
+    assert c.drain(0)[0]["step"] == 1 and len(c.history) == 3
+
+
+def test_restart_cost_is_learned_and_blocks_switches_that_cannot_repay_it():
+    c = Controller(spec())
+    c.observed_downtime(9.5, restart=True)
+    c.observed_downtime(0.001, restart=False)  # an in-place change says nothing about restarts
+    assert c.restart_cost_s == 9.5
+    start = Config(2, 1, 1, 2, 8)
+    c.push(step(1, 0.0, start))
+    c.push(step(2, 10.0, start))
+    # With a 9.5 s restart in a 10 s interval the pipeline cannot repay; GBS 16 in place can.
+    assert c.decision()["config"]["pp"] == 1 and c.evaluations[-1]["switch"]
+
+
+def test_scripted_noise_replaces_the_measured_one_per_decision():
+    c = Controller(spec(b_noise_script=(1.0, 1000.0), interval_s=1.0))
+    start = Config(2, 1, 1, 2, 8)
+    for i, wall in enumerate((0.0, 1.0, 2.0)):
+        c.push(step(i + 1, wall, start, b_noise=float("nan")))
+    assert [e["b_noise"] for e in c.evaluations] == [1.0, 1000.0]
+
+
+def test_static_policy_never_decides():
+    c = Controller(spec(policy="static", interval_s=1.0))
+    for i in range(5):
+        c.push(step(i, float(i * 2), Config(2, 1, 1, 2, 8)))
+    assert c.decision() is None and all(not e["switch"] for e in c.evaluations)
+
+
+def test_lr_rules_follow_the_gbs_and_keep_the_warmup():
+    s = LRSchedule(1e-3, 16, "sqrt", warmup_samples=160)
+    assert s.lr(0, 64) == pytest.approx(1e-3 * 2 / 160)
+    assert s.lr(1000, 64) == pytest.approx(2e-3)
+    assert LRSchedule(1e-3, 16, "linear").lr(0, 64) == pytest.approx(4e-3)
+    ada = LRSchedule(1e-3, 16, "adascale", warmup_samples=160)
+    gain = adascale_gain(grad_sqr=1.0, grad_var=16.0, b0=16, b=64)  # var at B0 = 1 = sqr: r = 2 / 1.25
+    assert gain == pytest.approx(1.6) and ada.lr(1000, 64, gain) == pytest.approx(1.6e-3)
+    assert ada.lr(1000, 64, None) == pytest.approx(1e-3) and ada.lr(80, 64, gain) == pytest.approx(1.6e-3 * 81 / 160)
+    assert adascale_gain(float("nan"), 1.0, 16, 64) == 1.0
+    assert 1.0 <= adascale_gain(2.0, 3.0, 16, 64) <= 64 / 16
+
+
+def test_efficiency_forms():
+    assert efficiency("pollux", 100.0, 16, 16) == 1.0
+    assert efficiency("lr-aware", 100.0, 16, 64, 2.0) == pytest.approx(216 / 264)
+    assert efficiency("lr-aware", 100.0, 16, 64, 2.0) > efficiency("pollux", 100.0, 16, 64)
+    assert math.isnan(efficiency("pollux", float("nan"), 16, 64))
+    with pytest.raises(ValueError, match="policy.efficiency"):
+        efficiency("magic", 1.0, 16, 64)
