@@ -84,7 +84,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         params = flatten(cfg.model_dump(mode="json"))
         params.update({"data.fingerprint": tokens.fingerprint, "data.description": tokens.description})
         state.mlflow_run_id = tracker.start_run(cfg.tracking.run_name or cfg.name, params,
-                                                {"policy": cfg.policy.name, "layout": current.label(),
+                                                {"policy": cfg.policy.name,
+                                                 "layout": f"dp{current.dp}-tp{current.tp}-pp{current.pp}",
                                                  "copus.output_dir": str(out)})
         tracker.log_dict(state.mlflow_run_id, cfg.model_dump(mode="json"), "config.json")
     else:
