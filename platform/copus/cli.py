@@ -28,14 +28,22 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train an experiment on Ray Train, logging to MLflow")
     _add_experiment_args(p)
     p.add_argument("--fresh", action="store_true", help="discard checkpoints in output_dir and start over")
-    p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end")
+    p.add_argument("--json", action="store_true", help="print summary.json to stdout at the end (progress on stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines; the summary only")
     p = sub.add_parser("gns", help="measure the gradient noise scale at the experiment's initial weights (JSON)")
     _add_experiment_args(p)
     p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
+    p = sub.add_parser("compare", help="run one experiment under several policies; time to target and speedup")
+    p.add_argument("suite", help="comparison suite YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
+                   help="override a field of the suite's experiment (repeatable)")
+    p.add_argument("--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)")
+    p.add_argument("--quiet", action="store_true", help="print only the final table")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
@@ -53,13 +61,19 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
 
 def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from copus.cluster.driver import run_experiment  # imports ray: only for commands that need it
+    from copus.progress import summary_text
     from workloads.corpus import DatasetError
 
     try:
-        summary = run_experiment(cfg, fresh=args.fresh)
+        summary = run_experiment(cfg, fresh=args.fresh, echo=_echo(args))
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
+    if args.json:  # stdout is the JSON alone
+        print(json.dumps(summary, indent=2))
+        return 0
+    if args.quiet:
+        print(summary_text(summary))
     out = Path(summary["output_dir"])
     print(f"summary: {out / 'summary.json'}")
     print(f"MLflow: {summary['mlflow_tracking_uri']} (run {summary['mlflow_run_id']})")
@@ -68,8 +82,6 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         print(f"  open the UI at {uri}")
     else:
         print(f"  open the UI with: .venv/bin/mlflow ui --backend-store-uri {uri}")
-    if args.json:
-        print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -98,9 +110,8 @@ def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from copus.profile_table import ProfileTableError
     from workloads.corpus import DatasetError
 
-    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     try:
-        result = run_profile(cfg, refresh=args.refresh, echo=echo)
+        result = run_profile(cfg, refresh=args.refresh, echo=_echo(args))
     except (ConfigError, DatasetError, ProfileTableError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -112,8 +123,41 @@ def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
 COMMANDS = {"validate": _cmd_validate, "run": _cmd_run, "gns": _cmd_gns, "profile": _cmd_profile}
 
 
+def _echo(args: argparse.Namespace):
+    if getattr(args, "quiet", False):
+        return lambda line: None
+    if getattr(args, "json", False):
+        return lambda line: print(line, file=sys.stderr)
+    return print
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from copus.config import load_suite
+
+    try:
+        suite, experiment = load_suite(args.suite, args.overrides)
+    except ConfigError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    from copus.cluster.compare import comparison_table, run_comparison
+    from workloads.corpus import DatasetError
+
+    try:
+        result = run_comparison(suite, experiment, args.overrides, _echo(args))
+    except (ConfigError, DatasetError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.quiet:
+        print(comparison_table(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "compare":
+        return _cmd_compare(args)
     try:
         cfg = load_config(args.experiment, args.overrides)
     except ConfigError as err:

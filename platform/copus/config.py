@@ -323,15 +323,60 @@ def config_from_mapping(raw: Any, overrides: list[str] | None = None) -> Experim
         raise ConfigError(_format_pydantic_error(err)) from None
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load, override and validate an experiment YAML. Raises ConfigError (one line)."""
+def read_yaml(path: str | os.PathLike, what: str = "experiment") -> Any:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: experiment file not found")
+        raise ConfigError(f"{path}: {what} file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
-    return config_from_mapping(raw, overrides)
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate an experiment YAML. Raises ConfigError (one line)."""
+    return config_from_mapping(read_yaml(path), overrides)
+
+
+class SuiteConfig(_Section):
+    """A comparison suite: one experiment run under several policies (`copus compare`)."""
+    name: str = "comparison"
+    experiment: str | dict[str, Any]                  # experiment YAML (relative to the suite file) or inline
+    set: list[str] = []                               # overrides applied to the experiment, as with --set
+    policies: list[Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"]] = \
+        ["copus", "static", "cbs-pessimistic", "cbs-optimistic"]
+    repeats: int = Field(1, ge=1)
+    # same: repeat r of every policy uses seed workload.seed + r (paired: the policies see the same
+    # initial weights and data order); vary: every run gets its own seed.
+    seeds: Literal["same", "vary"] = "same"
+    # static: the profile's fastest layout for batch.gbs (the paper's Static-GBS baseline), or
+    # the experiment's own layout.
+    static_layout: Literal["best", "given"] = "best"
+    output_dir: str = "runs/comparison"
+
+
+def load_suite(path: str | os.PathLike, overrides: list[str] | None = None) -> tuple[SuiteConfig, dict]:
+    """The suite and its experiment as a raw mapping. Raises ConfigError (one line)."""
+    raw = read_yaml(path, "suite")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    try:
+        suite = SuiteConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {_format_pydantic_error(err)}") from None
+    if len(set(suite.policies)) != len(suite.policies) or not suite.policies:
+        raise ConfigError(f"{path}: policies: list each policy once, at least one (got {suite.policies})")
+    if isinstance(suite.experiment, dict):
+        raw = suite.experiment
+    else:
+        experiment = (Path(path).parent / suite.experiment).resolve()
+        if not experiment.is_file():
+            raise ConfigError(f"{path}: experiment: file not found: {experiment}")
+        raw = read_yaml(experiment)
+    try:  # the base must be valid before anything runs
+        config_from_mapping(raw, suite.set + (overrides or []))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: experiment: {err}") from None
+    return suite, raw

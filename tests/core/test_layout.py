@@ -36,3 +36,9 @@ def test_problems_name_the_field():
     assert layout_problems(2, 1, 1, SHAPE, world_size=4)[0][0] == "cluster.num_workers"
     assert layout_problems(2, 1, 4, SHAPE, gbs=8, mbs=2) == [
         ("batch.gbs", "8 gives 2 micro-batches per replica (gbs / (dp x mbs)), fewer than the 4 pipeline stages")]
+
+
+def test_tied_embeddings_refuse_pipeline_stages():
+    tied = ModelShape(n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=352, vocab_size=256, dim=128, tie_embeddings=True)
+    assert layout_problems(2, 1, 1, tied, 2) == []
+    assert [f for f, _ in layout_problems(1, 1, 2, tied, 2)] == ["parallel.pp"]

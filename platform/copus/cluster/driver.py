@@ -68,7 +68,7 @@ def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None],
 
 
 def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print,
-                   b_noise_script: tuple | None = None) -> dict:
+                   b_noise_script: tuple | None = None, parent_run_id: str | None = None) -> dict:
     out = cfg.resolved_output_dir()
     tokens, plan = prepare_plan(cfg)
     if fresh:
@@ -86,7 +86,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         state.mlflow_run_id = tracker.start_run(cfg.tracking.run_name or cfg.name, params,
                                                 {"policy": cfg.policy.name,
                                                  "layout": f"dp{current.dp}-tp{current.tp}-pp{current.pp}",
-                                                 "copus.output_dir": str(out)})
+                                                 "copus.output_dir": str(out)}, parent_run_id)
         tracker.log_dict(state.mlflow_run_id, cfg.model_dump(mode="json"), "config.json")
     else:
         tracker.resume_run(state.mlflow_run_id)

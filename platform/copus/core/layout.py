@@ -85,6 +85,11 @@ def layout_problems(dp: int, tp: int, pp: int, shape: ModelShape, world_size: in
             break
     if pp > shape.n_layers:
         problems.append(("parallel.pp", f"{pp} stages exceed the model's {shape.n_layers} layers"))
+    if pp > 1 and shape.tie_embeddings:
+        # The first stage holds the embedding, the last the head: one shared weight cannot be
+        # on both (Megatron all-reduces their gradients; not implemented here).
+        problems.append(("parallel.pp", f"{pp} stages: the model ties its input and output embeddings, which "
+                                        "pipeline stages would untie (use pp = 1)"))
     if gbs is not None and mbs is not None:
         if gbs % (dp * mbs):
             problems.append(("batch.gbs", f"{gbs} is not divisible by parallel.dp x batch.mbs = {dp} x {mbs}"))

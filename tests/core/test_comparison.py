@@ -1,0 +1,35 @@
+"""Comparison statistics: time to target per policy and COPUS's speedup over the fastest
+baseline, with repeats (paired by seed) and policies that miss the target."""
+
+from __future__ import annotations
+
+import pytest
+
+from copus.core.comparison import summarize
+
+
+def run(policy, repeat, ttt, loss=2.0, samples=100, reconfigs=0):
+    return {"policy": policy, "repeat": repeat, "time_to_target_s": ttt, "reached_target": ttt is not None,
+            "final_val_loss": loss, "samples": samples, "reconfigurations": reconfigs}
+
+
+def test_speedup_over_the_fastest_baseline_with_repeats():
+    runs = [run("copus", 0, 90.0, reconfigs=2), run("static", 0, 100.0), run("cbs-optimistic", 0, 120.0),
+            run("copus", 1, 110.0, reconfigs=1), run("static", 1, 121.0), run("cbs-optimistic", 1, 105.0)]
+    out = summarize(runs, ["copus", "static", "cbs-optimistic"])
+    assert out["static"]["time_to_target_s"] == pytest.approx(110.5)
+    assert out["copus"]["time_to_target_s"] == pytest.approx(100.0) and out["copus"]["reconfigurations"] == 1.5
+    assert out["copus"]["fastest_baseline"] == "static"
+    assert out["copus"]["speedup_vs_fastest_baseline"] == pytest.approx(110.5 / 100 - 1)
+    # Paired per repeat: min over baselines of that repeat / copus.
+    assert out["copus"]["speedup_per_repeat"] == pytest.approx([100 / 90 - 1, 105 / 110 - 1])
+    assert out["copus"]["speedup_std"] > 0
+
+
+def test_missing_the_target_is_reported_not_averaged_away():
+    runs = [run("copus", 0, 90.0), run("static", 0, None, loss=2.5), run("cbs-pessimistic", 0, 95.0)]
+    out = summarize(runs, ["copus", "static", "cbs-pessimistic"])
+    assert out["static"]["reached_target"] is False and out["static"]["time_to_target_s"] is None
+    assert out["copus"]["fastest_baseline"] == "cbs-pessimistic"
+    slow = summarize([run("copus", 0, None), run("static", 0, 10.0)], ["copus", "static"])
+    assert slow["copus"]["speedup_vs_fastest_baseline"] is None
