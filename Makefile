@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test setup clean
+.PHONY: run test setup clean browser
 
 setup: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/copus run experiments/quickstart.yaml --fresh
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q tests
+
+# The report test opens the HTML in headless Chromium. Install Debian's headless shell once
+# where we are root with apt (CI, fresh machines); elsewhere the browser check is skipped.
+browser:
+	@command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell) >/dev/null 2>&1 \
+	    && echo "installed chromium-headless-shell for the report test"; } || \
+	  echo "no Chromium and no apt as root: the report's browser check will be skipped"
 
 clean:
 	rm -rf $(VENV) runs mlflow.db

@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a field of the suite's experiment (repeatable)")
     p.add_argument("--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)")
     p.add_argument("--quiet", action="store_true", help="print only the final table")
+    p = sub.add_parser("report", help="a self-contained HTML report of a comparison or a run, from MLflow")
+    p.add_argument("source", help="an output directory of copus compare or copus run, or an MLflow run id")
+    p.add_argument("--out", help="where to write the HTML (default: SOURCE/report.html, or dashboards/report-RUN.html)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI when SOURCE is a run id (default sqlite:///$PWD/mlflow.db)")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
@@ -154,10 +158,25 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dashboards.data import ReportError
+    from dashboards.report import build_report
+
+    try:
+        path = build_report(args.source, args.out, args.tracking_uri)
+    except ReportError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path.resolve()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "compare":
         return _cmd_compare(args)
+    if args.command == "report":
+        return _cmd_report(args)
     try:
         cfg = load_config(args.experiment, args.overrides)
     except ConfigError as err:

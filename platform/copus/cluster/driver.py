@@ -117,6 +117,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                 entry["downtime_s"] = None
                 state.reconfigurations.append(entry)
                 view["awaiting"] = entry
+                if entry["in_place"]:  # the run goes on in the new GBS: a resumed driver must know it
+                    state.current = dict(entry["to"])
                 if entry["predicted_gain"] is not None:
                     tracker.log_values(run_id, {"predicted_goodput_gain": entry["predicted_gain"]}, step=entry["step"])
                 echo(reconfiguration_line(entry))
@@ -170,6 +172,9 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     finally:
         ray.kill(actor)
 
+    # The final configuration: the layout of the last launch, the batch shape of the last step
+    # (in-place GBS changes happen inside a launch).
+    final_config = Config(current.dp, current.tp, current.pp, final.get("mbs") or current.mbs, final.get("gbs") or current.gbs)
     summary = {
         "policy": cfg.policy.name,
         "reached_target": final["time_to_target_s"] is not None,
@@ -184,7 +189,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         "mlflow_run_id": run_id,
         "mlflow_tracking_uri": tracker.uri,
         "initial_layout": start.__dict__,
-        "layout": current.__dict__,
+        "layout": final_config.__dict__,
         "reconfigurations": state.reconfigurations,
         "controller": controller_state,
         "launches": state.launches,

@@ -1,0 +1,101 @@
+"""What a report shows, read back from MLflow: one `RunSeries` per training run (a policy of a
+comparison, or a single run), each metric as (step, value) series, wall-clock per step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+SERIES = ("val_loss", "train_loss", "gbs", "mbs", "dp", "tp", "pp", "samples_per_s", "statistical_efficiency",
+          "b_noise", "wall_clock_s", "reconfiguration_downtime_s")
+
+
+class ReportError(ValueError):
+    pass
+
+
+@dataclass
+class RunSeries:
+    name: str
+    policy: str
+    run_id: str
+    metrics: dict[str, dict[int, float]] = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """(wall-clock seconds, values) of a metric, in step order."""
+        wall = self.metrics.get("wall_clock_s", {})
+        points = sorted((s, v) for s, v in self.metrics.get(key, {}).items() if s in wall or key == "val_loss")
+        xs, ys = [], []
+        for step, value in points:
+            t = wall.get(step)
+            if t is None:  # validation at step 0 or between reported steps: nearest earlier time
+                earlier = [w for s, w in wall.items() if s <= step]
+                t = max(earlier) if earlier else 0.0
+            xs.append(t)
+            ys.append(value)
+        return xs, ys
+
+
+@dataclass
+class ReportData:
+    title: str
+    runs: list[RunSeries]
+    comparison: dict | None
+    target: float | None
+
+
+def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
+    run = client.get_run(run_id)
+    metrics = {k: {m.step: m.value for m in client.get_metric_history(run_id, k)} for k in SERIES}
+    summary = {}
+    try:
+        path = client.download_artifacts(run_id, "summary.json")
+        summary = json.loads(Path(path).read_text())
+    except Exception:  # a run that did not finish has no summary: plot what it logged
+        pass
+    return RunSeries(run.info.run_name or run_id, run.data.tags.get("policy", "?"), run_id, metrics, summary)
+
+
+def load(source: str, tracking_uri: str | None) -> ReportData:
+    """`source`: an output directory (of `copus compare` or `copus run`) or an MLflow run id
+    (a comparison's parent run, or a single run)."""
+    path = Path(source)
+    comparison = None
+    if path.is_dir():
+        if (path / "comparison.json").is_file():
+            comparison = json.loads((path / "comparison.json").read_text())
+            tracking_uri, run_id = comparison["mlflow_tracking_uri"], comparison["mlflow_parent_run_id"]
+        elif (path / "summary.json").is_file():
+            summary = json.loads((path / "summary.json").read_text())
+            tracking_uri, run_id = summary["mlflow_tracking_uri"], summary["mlflow_run_id"]
+        else:
+            raise ReportError(f"{path}: no comparison.json or summary.json (not a copus output directory)")
+    else:
+        run_id = source
+        tracking_uri = tracking_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        parent = client.get_run(run_id)
+    except Exception as err:
+        raise ReportError(f"{source}: no MLflow run {run_id} at {tracking_uri} ({type(err).__name__})") from None
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'",
+                                  order_by=["attributes.start_time ASC"])
+    if children:
+        if comparison is None:
+            try:
+                comparison = json.loads(Path(client.download_artifacts(run_id, "comparison.json")).read_text())
+            except Exception:
+                comparison = None
+        runs = [_load_run(client, c.info.run_id) for c in children]
+        title = parent.info.run_name or run_id
+    else:
+        runs = [_load_run(client, run_id)]
+        title = runs[0].name
+    target = (comparison or {}).get("target_val_loss")
+    if target is None:
+        target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
+    return ReportData(title, runs, comparison, target)

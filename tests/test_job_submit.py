@@ -1,0 +1,72 @@
+"""`ray job submit` against a head started with `ray start --head` on loopback, as the README
+describes: the job runs `copus run` on that cluster and writes its summary and MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("RAY_ADDRESS", None)
+    dashboard = _free_port()
+    # A short temp dir: Ray's unix sockets live under it, and socket paths are limited to ~107 bytes.
+    ray_tmp = tempfile.mkdtemp(prefix="copus-rj-", dir="/tmp")
+    log = open(tmp_path / "head.log", "w")
+    # --block keeps the head in this child process: terminating it stops exactly this cluster
+    # (not `ray stop`, which would stop every Ray on the machine).
+    head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2",
+                             "--port", str(_free_port()), "--dashboard-host", "127.0.0.1",
+                             "--dashboard-port", str(dashboard), "--disable-usage-stats",
+                             "--temp-dir", ray_tmp],
+                            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        address = f"http://127.0.0.1:{dashboard}"
+        out = tmp_path / "job-out"
+        cmd = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", ".", "--",
+               "copus", "run", "experiments/quickstart.yaml", "--set", "workload.model=debug",
+               "--set", "workload.seq_len=32", "--set", f"workload.dataset.cache_dir={token_cache}",
+               "--set", "stop.max_steps=4", "--set", "stop.target_val_loss=null", "--set", "eval.every_steps=2",
+               "--set", "eval.val_samples=8", "--set", "batch.gbs=8", "--set", "batch.mbs=2",
+               "--set", "search.gbs_min=8", "--set", f"output_dir={out}",
+               "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+        deadline = time.time() + 90
+        while True:  # the dashboard's job API comes up a few seconds after the head
+            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+            if proc.returncode == 0 or time.time() > deadline or "Connection" not in proc.stderr + proc.stdout:
+                break
+            time.sleep(3)
+        assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:] + "\nhead: "
+                                      + (tmp_path / "head.log").read_text()[-2000:])
+        assert "succeeded" in proc.stdout
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 4 and summary["stop_reason"] == "max_steps"
+        assert (tmp_path / "mlflow.db").is_file()
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
