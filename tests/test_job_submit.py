@@ -50,10 +50,12 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
                "--set", "eval.val_samples=8", "--set", "batch.gbs=8", "--set", "batch.mbs=2",
                "--set", "search.gbs_min=8", "--set", f"output_dir={out}",
                "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
-        deadline = time.time() + 90
-        while True:  # the dashboard's job API comes up a few seconds after the head
+        deadline = time.time() + 120
+        not_ready = ("Connection", "No available agent", "try again later")
+        while True:  # the dashboard's job API and its agent come up some seconds after the head
             proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-            if proc.returncode == 0 or time.time() > deadline or "Connection" not in proc.stderr + proc.stdout:
+            output = proc.stdout + proc.stderr
+            if proc.returncode == 0 or time.time() > deadline or not any(m in output for m in not_ready):
                 break
             time.sleep(3)
         assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:] + "\nhead: "

@@ -55,12 +55,10 @@ def stage_module(name: str, seq: int, pp: int, stage: int) -> torch.nn.Module:
     return materialize(model, 0)
 
 
-@pytest.mark.parametrize("name", ["debug", "tiny", "small"])
-@pytest.mark.parametrize("pp", [1, 2, 4])
+@pytest.mark.parametrize("name,pp", [(n, pp) for n in ("debug", "tiny", "small") for pp in (1, 2, 4)
+                                     if pp <= FLAVOURS[n].n_layers])
 def test_parameters_per_stage_are_exact(name, pp):
     shape = FLAVOURS[name].shape()
-    if pp > shape.n_layers:
-        pytest.skip("more stages than layers")
     for stage in range(pp):
         module = stage_module(name, 32, pp, stage)
         assert sum(p.numel() for p in module.parameters()) == stage_params_per_rank(shape, 1, pp, stage)
