@@ -34,11 +34,15 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
     ray_tmp = tempfile.mkdtemp(prefix="copus-rj-", dir="/tmp")
     log = open(tmp_path / "head.log", "w")
     # --block keeps the head in this child process: terminating it stops exactly this cluster
-    # (not `ray stop`, which would stop every Ray on the machine).
-    head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2",
-                             "--port", str(_free_port()), "--dashboard-host", "127.0.0.1",
-                             "--dashboard-port", str(dashboard), "--disable-usage-stats",
-                             "--temp-dir", ray_tmp],
+    # (not `ray stop`, which would stop every Ray on the machine). Every fixed port gets a free
+    # one: another Ray (the other tests' local cluster) may hold the defaults, and a job agent
+    # that cannot bind its port answers "No available agent".
+    ports = [f"--{name}={_free_port()}" for name in (
+        "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+        "metrics-export-port", "ray-client-server-port")]
+    head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2", *ports,
+                             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+                             "--disable-usage-stats", "--temp-dir", ray_tmp],
                             env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         address = f"http://127.0.0.1:{dashboard}"
