@@ -61,16 +61,23 @@ def global_batch_size(data: ReportData) -> str:
     return _svg(fig)
 
 
-def layout(data: ReportData) -> str:
-    fig, axes = plt.subplots(4, 1, figsize=(8, 6.4), sharex=True)
-    for ax, key in zip(axes, ("dp", "tp", "pp", "mbs")):
-        _lines(ax, data, key, step=True, marks=True)
-        ax.set_ylabel(key)
+def _stacked(fig, axes, ylabels: tuple[str, ...], title: str) -> str:
+    """Finish a column of panels sharing the wall-clock axis."""
+    for ax, name in zip(axes, ylabels):
+        ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    axes[0].set_title("Layout and micro-batch size over time, with reconfigurations")
+    axes[0].set_title(title)
     axes[0].legend(fontsize=8)
     axes[-1].set_xlabel("wall-clock (s)")
     return _svg(fig)
+
+
+def layout(data: ReportData) -> str:
+    keys = ("dp", "tp", "pp", "mbs")
+    fig, axes = plt.subplots(len(keys), 1, figsize=(8, 6.4), sharex=True)
+    for ax, key in zip(axes, keys):
+        _lines(ax, data, key, step=True, marks=True)
+    return _stacked(fig, axes, keys, "Layout and micro-batch size over time, with reconfigurations")
 
 
 def goodput(data: ReportData) -> str:
@@ -84,13 +91,8 @@ def goodput(data: ReportData) -> str:
         by_time = dict(zip(sx, se))
         gx = [t for t in tx if t in by_time]
         axes[2].plot(gx, [v * by_time[t] for t, v in zip(tx, thr) if t in by_time], color=color, linewidth=0.8)
-    for ax, name in zip(axes, ("throughput (samples/s)", "statistical efficiency", "goodput")):
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-    axes[0].set_title("Goodput = throughput x statistical efficiency (measured)")
-    axes[0].legend(fontsize=8)
-    axes[-1].set_xlabel("wall-clock (s)")
-    return _svg(fig)
+    return _stacked(fig, axes, ("throughput (samples/s)", "statistical efficiency", "goodput"),
+                    "Goodput = throughput x statistical efficiency (measured)")
 
 
 def noise_scale(data: ReportData) -> str:
