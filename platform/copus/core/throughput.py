@@ -28,7 +28,6 @@ reports the error on points the fit did not see.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -261,7 +260,3 @@ def cross_validate(points: list[Measurement], shape: ModelShape, folds: int = 5,
     ape = np.abs(predicted - measured) / measured
     return ErrorReport(float(ape.mean()), float(ape.max()), k, tuple(predicted.tolist()), tuple(ape.tolist()))
 
-
-def bubble_share(model: StepTimeModel, cfg: Config) -> float:
-    t = model.terms(cfg)
-    return t.bubble / t.step if t.step > 0 and not math.isnan(t.step) else 0.0
