@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from copus.core.planner import Planner
+from copus.core.planner import Planner, SwitchCosts
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import StepTimeModel, StepTimeParams
 from workloads.flavours import FLAVOURS
@@ -35,7 +35,7 @@ def main() -> None:
     current = cands[0]
     for b_noise in np.geomspace(1, 10_000, 400):
         t = time.perf_counter()
-        d = planner.decide(current, float(b_noise), interval_s=300, restart_cost_s=60)
+        d = planner.decide(current, float(b_noise), interval_s=300, costs=SwitchCosts(60.0, 60.0))
         times.append(time.perf_counter() - t)
         current = d.target
     print(f"32-GPU search space: {len(cands)} candidates ({len(valid_layouts(32, shape))} layouts)")

@@ -1,21 +1,28 @@
-"""Downtime of a layout change with a worker-group restart, on 4 and 8 CPU workers.
+"""Downtime of a layout change in place (inside the living Ray workers) against checkpoint and
+worker-group restart, side by side in one run, on 4 and 8 CPU workers.
 
-For each world size, a short `copus run` (policy copus, the debug model) starts data-parallel
-over all workers; a scripted profile table (the pipeline layout twice as fast) and a large
-scripted noise scale make the controller's first decision a layout change. Printed: the
-measured downtime, from the stop decision at a step boundary (checkpoint, worker group ends,
-driver relaunches the TorchTrainer, workers start, load and reshard the checkpoint) to the
-start of the first step in the new layout, as logged to MLflow as
-`reconfiguration_downtime_s`. (An in-place GBS change costs well under a millisecond:
-tests/cluster/test_controller.py logs it.)
+For each world size and each mode (`reconfigure: in_place`, `reconfigure: restart`), two
+short `copus run`s (policy copus, the debug model): one starts data parallel at GBS 16 and is
+made to switch to a two-stage pipeline at GBS 32, the other the reverse (a scripted profile
+table and noise scale decide it). Each change's downtime is measured as the driver logs it to
+MLflow (`reconfiguration_downtime_s`): from the decision at a step boundary to the start of
+the first step in the new layout. In place that covers building the new mesh and process
+groups, moving model and AdamW state between ranks (data parallel -> pipeline: every rank
+already holds its new stage; pipeline -> data parallel: every rank receives the other stage)
+and rebuilding the pipeline schedule; on restart, the checkpoint, the end of the worker group,
+the TorchTrainer relaunch, worker start-up and the checkpoint load.
 
-    .venv/bin/python bench/reconfigure.py                 # 4 and 8 workers, about 3 minutes on 2 cores
+    .venv/bin/python bench/reconfigure.py                 # 4 and 8 workers, about 7 minutes on 2 cores
     .venv/bin/python bench/reconfigure.py --workers 4
+
+The last line reads `restart/in-place downtime ratio: X`, X for the largest world size (the
+ratio of the two modes' mean downtimes over both directions).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -28,33 +35,46 @@ from copus.core.throughput import Config
 from copus.profile_table import ProfileTable, profile_key
 from workloads.flavours import FLAVOURS
 
+# Samples/s the "profile" claims. B_noise 1000: the pipeline at GBS 32 beats data parallel at
+# GBS 16 by 18%; B_noise 1: data parallel at GBS 16 beats the pipeline at GBS 32 by 62%.
+THROUGHPUT = {("dp", 16): 100.0, ("dp", 32): 110.0, ("pp", 16): 40.0, ("pp", 32): 120.0}
+DIRECTIONS = {"dp -> pp": ("dp", 16, 1000.0), "pp -> dp": ("pp", 32, 1.0)}  # start layout, GBS, B_noise
 
-def measure(world: int, root: Path) -> list[dict]:
-    dp_only, piped = (world, 1, 1), (world // 2, 1, 2)
+
+def measure(world: int, mode: str, direction: str, root: Path) -> dict:
+    layouts = {"dp": (world, 1, 1), "pp": (world // 2, 1, 2)}
+    start, gbs, b_noise = DIRECTIONS[direction]
     mapping = {
-        "name": f"reconfigure-{world}",
+        "name": f"reconfigure-{world}-{mode}",
         "workload": {"model": "debug", "seq_len": 64},
-        "batch": {"gbs": 16, "mbs": 2},
-        "parallel": dict(zip(("dp", "tp", "pp"), dp_only)),
+        "batch": {"gbs": gbs, "mbs": 2},
+        "parallel": dict(zip(("dp", "tp", "pp"), layouts[start])),
         "cluster": {"num_workers": world},
-        "search": {"gbs_min": 16, "gbs_max": 32, "mbs": [2], "layouts": [list(dp_only), list(piped)]},
-        "policy": {"name": "copus", "interval_s": 2.0, "restart_cost_s": 0.1},
-        "stop": {"max_steps": 60},
+        "search": {"gbs_min": 16, "gbs_max": 32, "mbs": [2], "layouts": [list(v) for v in layouts.values()]},
+        "policy": {"name": "copus", "interval_s": 2.0, "restart_cost_s": 0.1, "in_place_cost_s": 0.1},
+        "reconfigure": mode,
+        "stop": {"max_steps": 50},
         "eval": {"every_steps": 1000, "val_samples": 16},
         "checkpoint": {"every_steps": 1000},
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}", "experiment": "bench-reconfigure"},
-        "output_dir": str(root / f"w{world}"),
+        "output_dir": str(root / f"w{world}-{mode}-{start}"),
     }
     cfg = config_from_mapping(mapping)
     table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), world))
-    # Scripted: the pipeline layout at GBS 32 is best by far once the noise scale is known.
-    for (dp, tp, pp), gbs, per_s in ((dp_only, 16, 100.0), (dp_only, 32, 130.0), (piped, 16, 50.0), (piped, 32, 260.0)):
-        table.record(Config(dp, tp, pp, 2, gbs), status="ok", source="measured", step_time_s=gbs / per_s,
-                     step_times=[gbs / per_s], samples_per_s=per_s)
+    for (name, g), per_s in THROUGHPUT.items():
+        table.record(Config(*layouts[name], 2, g), status="ok", source="measured", step_time_s=g / per_s,
+                     step_times=[g / per_s], samples_per_s=per_s)
     table.fit(FLAVOURS["debug"].shape(), folds=2)
     table.save(cfg.resolved_profile_dir())
-    summary = run_experiment(cfg, fresh=True, echo=lambda line: None, b_noise_script=(60.0, 1000.0))
-    return summary["reconfigurations"]
+    summary = run_experiment(cfg, fresh=True, echo=lambda line: None, b_noise_script=(b_noise,))
+    changes = [r for r in summary["reconfigurations"] if r["change"] == "layout" and r["downtime_s"] is not None]
+    if len(changes) != 1:
+        raise RuntimeError(f"{world} workers, {mode}, {direction}: expected one layout change, got {changes}")
+    return changes[0]
+
+
+def _label(c: dict) -> str:
+    return f"dp{c['dp']}-pp{c['pp']} gbs{c['gbs']}"
 
 
 def main() -> None:
@@ -63,13 +83,25 @@ def main() -> None:
     args = parser.parse_args()
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="copus-bench-reconfigure-"))
-    print(f"{'workers':>7} {'change':<48} {'kind':<9} {'downtime s':>10}")
+    print(f"{'workers':>7} {'mode':<9} {'change':<36} {'downtime s':>10} {'moved MiB':>9} {'rank-0 RSS MiB':>14}")
+    means: dict[tuple[int, str], float] = {}
     for world in args.workers:
-        for r in measure(world, root):
-            f, t = r["from"], r["to"]
-            change = f"dp{f['dp']}-pp{f['pp']} gbs{f['gbs']} -> dp{t['dp']}-pp{t['pp']} gbs{t['gbs']} (step {r['step']})"
-            print(f"{world:>7} {change:<48} {'in place' if r['in_place'] else 'restart':<9} {r['downtime_s']:>10.2f}",
-                  flush=True)
+        for mode in ("in_place", "restart"):
+            downtimes = []
+            for direction in DIRECTIONS:
+                r = measure(world, mode, direction, root)
+                moved = f"{r['reshard']['bytes_moved'] / 2**20:.2f}" if r.get("reshard") else "-"
+                rss = f"{r['reshard']['rss_bytes'] / 2**20:.0f}" if r.get("reshard") else "-"
+                print(f"{world:>7} {mode:<9} {_label(r['from']) + ' -> ' + _label(r['to']):<36} "
+                      f"{r['downtime_s']:>10.2f} {moved:>9} {rss:>14}", flush=True)
+                downtimes.append(r["downtime_s"])
+            means[(world, mode)] = statistics.mean(downtimes)
+    print()
+    for world in args.workers:
+        fast, slow = means[(world, "in_place")], means[(world, "restart")]
+        print(f"{world} workers: mean downtime in place {fast:.2f} s, restart {slow:.2f} s, ratio {slow / fast:.1f}x")
+    largest = max(args.workers)
+    print(f"restart/in-place downtime ratio: {means[(largest, 'restart')] / means[(largest, 'in_place')]:.1f}")
     ray.shutdown()
 
 

@@ -58,6 +58,8 @@ BAD = [
     ("stop", {}, "stop: set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s"),
     ("schedule.decay", "cosine", "schedule.decay_samples: required when schedule.decay is 'cosine'"),
     ("cluster.mixed_precision", "fp16", "cluster.mixed_precision: fp16 needs cluster.use_gpu: true"),
+    ("reconfigure", "sometimes", "reconfigure: Input should be 'auto', 'in_place' or 'restart'"),
+    ("policy.in_place_cost_s", -1, "policy.in_place_cost_s: Input should be greater than or equal to 0"),
 ]
 
 

@@ -17,7 +17,7 @@ TABLE = ((Config(2, 1, 1, 2, 8), 100.0), (Config(2, 1, 1, 2, 16), 150.0), (Confi
 
 def spec(**kw) -> ControllerSpec:
     base = dict(policy="copus", throughputs=TABLE, b0=8, efficiency="pollux", critical_factor=2.0, threshold=0.1,
-                interval_s=10.0, restart_cost_s=5.0)
+                interval_s=10.0, restart_cost_s=5.0, in_place_cost_s=5.0)
     return ControllerSpec(**{**base, **kw})
 
 
@@ -28,28 +28,41 @@ def step(n: int, wall: float, cfg: Config, b_noise: float | None = 50.0) -> dict
 
 
 def test_decides_once_per_interval_and_hands_the_decision_out_once():
-    c = Controller(spec(restart_cost_s=1.0))
+    c = Controller(spec(in_place_cost_s=1.0))
     start = Config(2, 1, 1, 2, 8)
     c.push(step(1, 1.0, start))
     c.push(step(2, 5.0, start))
     assert c.decision() is None and c.evaluations == []      # interval not over yet
     c.push(step(3, 11.5, start))
     d = c.decision()
-    assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["restart"]
+    assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["change"] == "layout"
     assert c.decision() is None
     assert c.drain(0)[0]["step"] == 1 and len(c.history) == 3
 
 
-def test_restart_cost_is_learned_and_blocks_switches_that_cannot_repay_it():
-    c = Controller(spec())
-    c.observed_downtime(9.5, restart=True)
-    c.observed_downtime(0.001, restart=False)  # an in-place change says nothing about restarts
-    assert c.restart_cost_s == 9.5
+def test_switch_costs_are_learned_and_block_switches_that_cannot_repay_them():
+    c = Controller(spec(reconfigure="restart"))
+    c.observed_downtime(9.5, in_place=False, kind="layout")
+    c.observed_downtime(0.001, in_place=True, kind="gbs")  # a GBS change says nothing about layout changes
+    assert c.restart_cost_s == 9.5 and c.in_place_cost_s == 5.0
     start = Config(2, 1, 1, 2, 8)
     c.push(step(1, 0.0, start))
     c.push(step(2, 10.0, start))
     # With a 9.5 s restart in a 10 s interval the pipeline cannot repay; GBS 16 in place can.
     assert c.decision()["config"]["pp"] == 1 and c.evaluations[-1]["switch"]
+
+
+def test_in_place_layout_changes_cost_what_was_measured_and_a_fallback_makes_later_ones_restart():
+    c = Controller(spec(restart_cost_s=9.5))
+    c.observed_downtime(0.4, in_place=True, kind="layout")
+    assert c.costs().layout_s == 0.4 and c.costs().mbs_s == 0.0
+    start = Config(2, 1, 1, 2, 8)
+    c.push(step(1, 0.0, start))
+    c.push(step(2, 10.0, start))
+    assert c.decision()["config"]["pp"] == 2  # the pipeline repays a 0.4 s in-place change
+    c.observed_downtime(9.5, in_place=False, kind="layout", fell_back=True)
+    assert c.reconfigure == "restart" and c.costs().layout_s == c.costs().mbs_s == 9.5
+    assert c.snapshot()["reconfigure"] == "restart"
 
 
 def test_scripted_noise_replaces_the_measured_one_per_decision():

@@ -64,6 +64,9 @@ BYTE_VOCAB = 256  # byte-level tokens for the built-in corpus and .txt/.jsonl fi
 FLAVOURS: dict[str, ModelFlavour] = _flavours(
     # ~0.13 M parameters: unit tests and multi-process equivalence checks.
     ModelFlavour("debug", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=BYTE_VOCAB, max_seq_len=512),
+    # ~0.5 M parameters: as debug with 8 layers, for pipelines of up to 8 stages in tests.
+    ModelFlavour("debug-deep", dim=64, n_layers=8, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=BYTE_VOCAB,
+                 max_seq_len=512),
     # ~0.8 M parameters: the quickstart; trains to ~2 nats/byte on 2 CPU cores in minutes.
     ModelFlavour("tiny", dim=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=352, vocab_size=BYTE_VOCAB, max_seq_len=1024),
     # ~3.1 M parameters: a slower CPU workload where layout choice matters more.

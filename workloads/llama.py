@@ -154,9 +154,10 @@ def skeleton(flavour: ModelFlavour, seq_len: int) -> Transformer:
         return Transformer(flavour, seq_len)
 
 
-def materialize(model: Transformer, seed: int) -> Transformer:
+def materialize(model: Transformer, seed: int, initialize: bool = True) -> Transformer:
     """Allocate (on the CPU) and initialise the parameters a (possibly cut) skeleton still has.
-    Values are seeded per parameter name, so they equal the whole model's."""
+    Values are seeded per parameter name, so they equal the whole model's. `initialize=False`
+    leaves them unset, for a caller that overwrites every element (an in-place reshard)."""
     if not model.flavour.trainable_on_cpu and not torch.cuda.is_available():
         raise ValueError(f"workload.model: {model.flavour.name!r} is too large to instantiate without a GPU")
     model.to_empty(device="cpu")
@@ -164,5 +165,6 @@ def materialize(model: Transformer, seed: int) -> Transformer:
         model.output.weight = model.tok_embeddings.weight  # keep the tie through re-allocation
     cos, sin = rope_tables(model.flavour.head_dim, model.seq_len, model.flavour.rope_theta)
     model.rope_cos, model.rope_sin = cos, sin
-    init_weights(model, seed)
+    if initialize:
+        init_weights(model, seed)
     return model

@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="an output directory of copus compare or copus run, or an MLflow run id")
     p.add_argument("--out", help="where to write the HTML (default: SOURCE/report.html, or dashboards/report-RUN.html)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI when SOURCE is a run id (default sqlite:///$PWD/mlflow.db)")
+    p = sub.add_parser("simulate", help="every policy on a modelled GPU cluster: time to target, speedup, best layouts")
+    p.add_argument("simulation", help="simulation YAML (e.g. experiments/sim/paper_llama-2-13b_2x8-h100.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
+                   help="override a field, e.g. --set training.target_loss=2.4 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
@@ -171,10 +176,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from copus.sim_config import load_sim_config
+    from copus.simulate import run_simulation, simulation_text
+
+    try:
+        cfg = load_sim_config(args.simulation, args.overrides)
+        result = run_simulation(cfg)
+    except (ConfigError, ValueError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else simulation_text(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "compare":
         return _cmd_compare(args)
+    if args.command == "simulate":
+        return _cmd_simulate(args)
     if args.command == "report":
         return _cmd_report(args)
     try:

@@ -88,6 +88,7 @@ class PolicyConfig(_Section):
     threshold: float = Field(0.10, ge=0.0)        # switch only when the best beats the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)       # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)   # a restart's cost until one has been measured
+    in_place_cost_s: float = Field(5.0, ge=0.0)   # an in-place layout change's cost until one has been measured
     layout: Literal["given", "best"] = "given"    # static: the parallel section's layout, or the profile's best for batch.gbs
 
 
@@ -158,6 +159,10 @@ class ExperimentConfig(_Section):
     search: SearchConfig = SearchConfig()
     profile: ProfileConfig = ProfileConfig()
     tracking: TrackingConfig = TrackingConfig()
+    # How a change of layout or MBS is made: inside the running workers (in_place), by
+    # checkpoint and worker-group restart (restart), or in place with restart as the fallback
+    # when the in-place path fails (auto). A change of GBS alone is always made in place.
+    reconfigure: Literal["auto", "in_place", "restart"] = "auto"
     output_dir: str = "runs/experiment"
 
     @model_validator(mode="after")

@@ -45,6 +45,10 @@ def _label(c: dict) -> str:
 
 def reconfiguration_line(entry: dict) -> str:
     how = "in place" if entry["in_place"] else "restart"
+    if entry.get("reshard"):
+        how += f", {entry['reshard']['bytes_moved'] / 2**20:.1f} MiB moved"
+    if entry.get("fell_back"):
+        how += f" after the in-place path failed: {entry['fell_back']}"
     gain = f"; predicted goodput {entry['predicted_gain']:+.1%}" if entry.get("predicted_gain") is not None else ""
     noise = f"; B_noise {entry['b_noise']:.1f}" if entry.get("b_noise") is not None else ""
     return (f"[{_clock(entry['wall_clock_s'])}] step {entry['step']:>5} | reconfigure {_label(entry['from'])} -> "

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from copus.config import ConfigError, ExperimentConfig
+from copus.core.throughput import Config
 
 RUN_STATE = "run_state.json"
 RAY_STORAGE = "ray"
@@ -34,6 +35,8 @@ class RunState:
     current: dict | None = None                 # the configuration the run has reached (dp, tp, pp, mbs, gbs)
     reconfigurations: list = field(default_factory=list)
     restart_cost_s: float | None = None         # the last measured restart downtime
+    in_place_cost_s: float | None = None        # the last measured in-place layout change downtime
+    reconfigure: str | None = None              # "restart" once an in-place change fell back (sticky)
 
 
 def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
@@ -66,6 +69,20 @@ def load_run_state(output_dir: Path, key: str) -> RunState:
                           f"seed, data or checkpoint format changed); use --fresh to start over there, or another "
                           f"output_dir")
     return state
+
+
+def resume_config(reached: dict | None, start: Config) -> tuple[Config, str | None]:
+    """Where a (re)started run trains: the configuration it had reached, unless the cluster
+    has another number of workers now (it grew or shrank): then the experiment's starting
+    configuration for the new size, from the same checkpoint (DCP reshards across world sizes).
+    Returns the configuration and, for a changed cluster, a line saying so."""
+    if not reached:
+        return start, None
+    before = Config(**reached)
+    if before.world_size == start.world_size:
+        return before, None
+    return start, (f"the cluster has {start.world_size} workers now, {before.world_size} before: resuming from the "
+                   f"last checkpoint in {start.label()}")
 
 
 def save_run_state(output_dir: Path, state: RunState) -> None:

@@ -1,8 +1,9 @@
 """The Goodput controller end to end on Ray Train: with a scripted throughput table and a
-rising noise scale, the copus policy changes GBS in place once and then the layout with a
-worker-group restart; the run's samples and losses match a one-process reference that makes
-the same GBS changes without any layout change; the controller carries its state over the
-relaunch."""
+rising noise scale, the copus policy changes GBS in place once and then the layout, in place
+inside the living workers (reconfigure: auto); the run's samples and losses match a
+one-process reference that makes the same GBS changes without any layout change. When the
+in-place path fails, the run falls back to a worker-group restart and completes; the
+controller carries its state over the relaunch."""
 
 from __future__ import annotations
 
@@ -39,39 +40,47 @@ def _write_scripted_profile(cfg) -> None:
     table.save(cfg.resolved_profile_dir())
 
 
-def test_copus_changes_gbs_in_place_then_layout_with_a_restart(base_mapping, tmp_path):
-    mapping = {**base_mapping,
-               "batch": {"gbs": 8, "mbs": 2},
-               "search": {"gbs_min": 8, "gbs_max": 32, "mbs": [2], "layouts": [[2, 1, 1], [1, 1, 2]]},
-               "policy": {"name": "copus", "interval_s": 0.5, "restart_cost_s": 0.05, "threshold": 0.1},
-               "stop": {"max_steps": 90, "max_wall_clock_s": 120},
-               "eval": {"every_steps": 1000, "val_samples": 8},
-               "checkpoint": {"every_steps": 1000}}
-    cfg = config_from_mapping(mapping)
+def _mapping(base_mapping) -> dict:
+    return {**base_mapping,
+            "batch": {"gbs": 8, "mbs": 2},
+            "search": {"gbs_min": 8, "gbs_max": 32, "mbs": [2], "layouts": [[2, 1, 1], [1, 1, 2]]},
+            "policy": {"name": "copus", "interval_s": 0.5, "restart_cost_s": 0.05, "in_place_cost_s": 0.05,
+                       "threshold": 0.1},
+            "stop": {"max_steps": 90, "max_wall_clock_s": 120},
+            "eval": {"every_steps": 1000, "val_samples": 8},
+            "checkpoint": {"every_steps": 1000}}
+
+
+def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
+    cfg = config_from_mapping(_mapping(base_mapping))
     _write_scripted_profile(cfg)
     messages: list[str] = []
     # Decision 1 sees B_noise 20: GBS 16 in place is best (+17%); decision 2 sees 1000: the
-    # pipeline at GBS 32 (+31%, restart); later decisions: stay.
+    # pipeline at GBS 32 (+31%, a layout change); later decisions: stay.
     summary = run_experiment(cfg, echo=messages.append, b_noise_script=(20.0, 1000.0))
 
     recon = summary["reconfigurations"]
     assert len(recon) == 2, recon
     first, second = recon
     assert first["in_place"] and first["from"]["gbs"] == 8 and first["to"] == {"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 16}
-    assert not second["in_place"] and second["to"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 32}
+    assert second["in_place"] and second["to"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 32}
+    assert first["change"] == "gbs" and second["change"] == "layout"
+    # dp2 -> pp2: each rank already holds its new stage (a full replica before): all copied locally.
+    assert second["reshard"]["bytes_moved"] == 0 and second["reshard"]["bytes_local"] > 0
     assert first["predicted_gain"] == pytest.approx(116.67 / 100 - 1, rel=1e-3)
     assert second["downtime_s"] > first["downtime_s"] >= 0
-    assert summary["layout"] == second["to"] and summary["launches"] == 2
-    # The controller lived through the relaunch: its decision count went on (a fresh one would
-    # have replayed the script from B_noise 20 and moved the GBS back).
-    assert summary["controller"]["decisions"] >= 3 and summary["controller"]["restart_cost_s"] == second["downtime_s"]
+    assert summary["layout"] == second["to"] and summary["launches"] == 1  # no worker group restarted
+    assert summary["controller"]["decisions"] >= 3 and summary["controller"]["in_place_cost_s"] == second["downtime_s"]
     assert any("reconfigure dp2-tp1-pp1 mbs2 gbs8 -> dp2-tp1-pp1 mbs2 gbs16 (in place" in m for m in messages)
+    assert any("reconfigure dp2-tp1-pp1 mbs2 gbs16 -> dp1-tp1-pp2 mbs2 gbs32 (in place, " in m for m in messages)
 
     client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
     run = summary["mlflow_run_id"]
     losses = {m.step: m.value for m in client.get_metric_history(run, "train_loss")}
     gbs = {m.step: m.value for m in client.get_metric_history(run, "gbs")}
+    pp = {m.step: m.value for m in client.get_metric_history(run, "pp")}
     assert sorted(losses) == list(range(1, summary["steps"] + 1))
+    assert pp[second["step"]] == 1 and pp[second["step"] + 1] == 2  # the next step ran as a pipeline
     assert [m.step for m in client.get_metric_history(run, "reconfiguration_downtime_s")] == [first["step"], second["step"]]
     saved = json.loads((cfg.resolved_output_dir() / "summary.json").read_text())
     assert len(saved["reconfigurations"]) == 2
@@ -86,9 +95,23 @@ def test_copus_changes_gbs_in_place_then_layout_with_a_restart(base_mapping, tmp
     assert all(gbs[r["step"]] == r["gbs"] for r in records if r["kind"] == "step")
     diff = {s: abs(losses[s] / ref_losses[s] - 1) for s in ref_losses}
     # Layouts differ only in floating-point summation order: identical until that drift is
-    # amplified by training (after tens of steps), and the restart adds no jump of its own.
+    # amplified by training (after tens of steps), and the layout change adds no jump of its own.
     assert max(d for s, d in diff.items() if s <= min(first["step"], 30)) < 1e-4
     before = max(diff[s] for s in range(second["step"] - 2, second["step"] + 1))
     after = max(diff[s] for s in range(second["step"] + 1, min(second["step"] + 4, summary["steps"] + 1)))
     assert after <= max(1e-3, 20 * before), (before, after)
     assert max(diff.values()) < 5e-2
+
+
+def test_a_failing_in_place_change_falls_back_to_a_restart(base_mapping, monkeypatch):
+    cfg = config_from_mapping({**_mapping(base_mapping), "stop": {"max_steps": 60, "max_wall_clock_s": 120}})
+    _write_scripted_profile(cfg)
+    monkeypatch.setenv("COPUS_INJECT_RESHARD_FAILURE", "1")
+    messages: list[str] = []
+    summary = run_experiment(cfg, echo=messages.append, b_noise_script=(20.0, 1000.0))
+    first, second = summary["reconfigurations"]
+    assert first["in_place"] and not second["in_place"] and "InjectedReshardFault" in second["fell_back"]
+    assert summary["layout"] == second["to"] and summary["launches"] == 2 and summary["stop_reason"] == "max_steps"
+    assert summary["steps"] == 60 and summary["controller"]["reconfigure"] == "restart"
+    assert summary["controller"]["restart_cost_s"] == second["downtime_s"] > 0
+    assert any("(restart after the in-place path failed: " in m for m in messages)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copus.core.planner import Planner, same_shape
+from copus.core.planner import Planner, SwitchCosts, change_kind, same_shape
 from copus.core.policies import POLICIES, decide, initial_config, nearest_gbs
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import Config, StepTimeModel, StepTimeParams
@@ -50,27 +50,46 @@ def test_respects_memory_by_choosing_only_among_feasible_candidates():
     assert without.best(500.0).config != best
 
 
-def test_hysteresis_and_restart_cost():
+def test_hysteresis_and_switch_costs():
     p = planner(threshold=0.10)
     best = p.best(300.0)
     # A current configuration within 10% of the best: stay.
     close = max((c for c in CANDS if c != best.config and p.score(c, 300.0).goodput > best.goodput / 1.09),
                 key=lambda c: -p.score(c, 300.0).goodput, default=None)
     if close is not None:
-        assert not p.decide(close, 300.0, interval_s=60, restart_cost_s=0).switch
-    # Far behind: switch, unless the restart cannot pay off within the interval.
+        assert not p.decide(close, 300.0, interval_s=60, costs=SwitchCosts(0.0)).switch
+    # Far behind: switch, unless the move cannot pay off within the interval.
     worst = min(CANDS, key=lambda c: p.score(c, 300.0).goodput)
-    d = p.decide(worst, 300.0, interval_s=60, restart_cost_s=5)
+    d = p.decide(worst, 300.0, interval_s=60, costs=SwitchCosts(5.0, 5.0))
     assert d.switch and d.predicted_gain > 0.1
-    if d.restart:
-        # A restart that cannot repay itself is not chosen: an in-place GBS change may be.
-        costly = p.decide(worst, 300.0, interval_s=60, restart_cost_s=59.9)
-        assert not costly.switch or not costly.restart
-    # An in-place GBS change costs nothing: a big restart cost does not block it.
+    if d.kind != "gbs":
+        # A reconfiguration that cannot repay itself is not chosen: an in-place GBS change may be.
+        costly = p.decide(worst, 300.0, interval_s=60, costs=SwitchCosts(59.9, 59.9))
+        assert not costly.switch or costly.kind == "gbs"
+    # An in-place GBS change costs nothing: a big layout cost does not block it.
     same = [c for c in CANDS if same_shape(c, worst)]
     target = max(same, key=lambda c: p.score(c, 300.0).goodput)
     if target != worst:
-        assert p.decide(worst, 300.0, 60, 1e9, target=target).switch
+        assert p.decide(worst, 300.0, 60, SwitchCosts(1e9, 1e9), target=target).switch
+
+
+def test_switch_costs_by_what_changes():
+    a = Config(2, 1, 1, 2, 16)
+    costs = SwitchCosts(layout_s=7.0, mbs_s=1.0)
+    assert [change_kind(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == \
+        ["none", "gbs", "mbs", "layout"]
+    assert [costs.of(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == \
+        [0.0, 0.0, 1.0, 7.0]
+    # The cost shifts the choice: with cheap layout changes the planner moves the layout, with
+    # expensive ones it settles for the best candidate of the current layout and MBS.
+    p = planner(threshold=0.0)
+    worst = min(CANDS, key=lambda c: p.score(c, 300.0).goodput)
+    cheap = p.decide(worst, 300.0, 60, SwitchCosts(0.0, 0.0))
+    dear = p.decide(worst, 300.0, 60, SwitchCosts(59.0, 59.0))
+    assert cheap.switch and cheap.best.config == p.best(300.0).config  # free moves: the best candidate
+    if dear.switch and dear.kind != "gbs":  # a costly move only when it repays within the interval
+        assert dear.best.goodput * (60 - 59.0) > dear.current.goodput * 60
+    assert cheap.best.goodput >= dear.best.goodput
 
 
 def test_pipeline_heavy_at_small_gbs_and_data_parallel_heavy_at_large():
@@ -95,10 +114,10 @@ def test_policies_share_the_planner_and_differ_in_the_decision():
     assert pessimistic.gbs == 16 and optimistic.gbs == nearest_gbs(p, optimistic, 16).gbs
     assert pessimistic == p.best(float("nan"), lambda c: c.gbs == 16, by="throughput").config
     assert initial_config("static", p, start, "best").gbs == 16
-    assert decide("static", p, start, 100.0, 2.0, 60, 10) is None
-    cbs = decide("cbs", p, start, 100.0, 2.0, 60, 10)
+    assert decide("static", p, start, 100.0, 2.0, 60, SwitchCosts(10.0, 10.0)) is None
+    cbs = decide("cbs", p, start, 100.0, 2.0, 60, SwitchCosts(10.0, 10.0))
     assert cbs.switch and same_shape(cbs.target, start) and cbs.target.gbs == nearest_gbs(p, start, 200).gbs
-    assert decide("cbs", p, start, float("nan"), 2.0, 60, 10) is None
+    assert decide("cbs", p, start, float("nan"), 2.0, 60, SwitchCosts(10.0, 10.0)) is None
     assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"}
 
 
@@ -109,4 +128,4 @@ def test_a_32_gpu_search_space_is_planned_over_every_candidate():
     model = StepTimeModel(MODEL.params, shape)
     p = Planner(cands, lambda cfgs: np.array([c.gbs for c in cfgs]) / model.step_times(cfgs), 32)
     assert len(cands) > 500 and np.all(np.isfinite(p.throughputs))
-    assert p.decide(cands[0], 1000.0, 60, 30).best.config in cands
+    assert p.decide(cands[0], 1000.0, 60, SwitchCosts(30.0, 30.0)).best.config in cands

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 
 from copus.cluster.monitor import RecordQueue
-from copus.core.planner import Planner
+from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
 from copus.core.throughput import Config
 
@@ -32,20 +32,26 @@ class ControllerSpec:
     critical_factor: float
     threshold: float
     interval_s: float
-    restart_cost_s: float
+    restart_cost_s: float            # estimates until a switch of the kind has been measured
+    in_place_cost_s: float
+    reconfigure: str = "auto"        # how workers change layout or MBS: in_place | restart | auto
     # Tests and benchmarks only: the noise scale the k-th decision sees (the last one repeats),
     # instead of the measured one.
     b_noise_script: tuple[float, ...] | None = None
 
 
 class Controller(RecordQueue):
-    def __init__(self, spec: ControllerSpec, restart_cost_s: float | None = None):
+    def __init__(self, spec: ControllerSpec, restart_cost_s: float | None = None, in_place_cost_s: float | None = None,
+                 reconfigure: str | None = None):
+        """The optional arguments carry what an earlier driver of the same run measured."""
         super().__init__()
         self.spec = spec
         table = dict(spec.throughputs)
         self.planner = Planner(list(table), lambda cfgs: [table[c] for c in cfgs], spec.b0, spec.efficiency,
                                spec.critical_factor, spec.threshold)
         self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
+        self.in_place_cost_s = spec.in_place_cost_s if in_place_cost_s is None else in_place_cost_s
+        self.reconfigure = reconfigure or spec.reconfigure
         self.history: list[dict] = []
         self.evaluations: list[dict] = []
         self.pending: dict | None = None
@@ -79,7 +85,7 @@ class Controller(RecordQueue):
         b_noise = self._decision_b_noise(b_noise)
         current = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
         d = decide(self.spec.policy, self.planner, current, b_noise, self.spec.critical_factor, self.spec.interval_s,
-                   self.restart_cost_s)
+                   self.costs())
         if d is None:
             self.evaluations.append({"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise,
                                      "switch": False, "reason": "nothing to decide"})
@@ -88,7 +94,7 @@ class Controller(RecordQueue):
                  "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
         self.evaluations.append(entry)
         if d.switch:
-            self.pending = {"config": d.target.__dict__, "restart": d.restart, "reason": d.reason,
+            self.pending = {"config": d.target.__dict__, "change": d.kind, "cost_s": d.cost_s, "reason": d.reason,
                             "b_noise": b_noise if math.isfinite(b_noise) else None,
                             "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
                             "predicted_goodput": d.best.goodput, "current_predicted_goodput": d.current.goodput,
@@ -99,13 +105,26 @@ class Controller(RecordQueue):
         out, self.pending = self.pending, None
         return out
 
-    def observed_downtime(self, seconds: float, restart: bool) -> None:
-        """The driver measured a reconfiguration: restarts now cost what the last one did."""
-        if restart:
+    def costs(self) -> SwitchCosts:
+        """What a switch costs the way this run makes it. An MBS change in place only rebuilds
+        the pipeline schedule."""
+        if self.reconfigure == "restart":
+            return SwitchCosts(self.restart_cost_s, self.restart_cost_s)
+        return SwitchCosts(self.in_place_cost_s, 0.0)
+
+    def observed_downtime(self, seconds: float, in_place: bool, kind: str, fell_back: bool = False) -> None:
+        """The driver measured a reconfiguration: the next one of its way costs the same. After
+        an in-place change fell back to a restart, the run restarts for every later change."""
+        if not in_place:
             self.restart_cost_s = seconds
+        elif kind == "layout":
+            self.in_place_cost_s = seconds
+        if fell_back:
+            self.reconfigure = "restart"
 
     def snapshot(self) -> dict:
-        return {"restart_cost_s": self.restart_cost_s, "decisions": len(self.evaluations),
+        return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s,
+                "reconfigure": self.reconfigure, "decisions": len(self.evaluations),
                 "steps_observed": len(self.history), "evaluations": self.evaluations[-200:]}
 
 

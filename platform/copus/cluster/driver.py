@@ -3,17 +3,20 @@
 It starts (or joins, via RAY_ADDRESS) a Ray cluster and launches a TorchTrainer with one
 worker per rank. Rank 0 reports to the run's Goodput controller actor (a RecordQueue plus the
 policy's decisions; a plain RunMonitor for the static policy), which the driver drains while
-training runs (live progress and MLflow). A change of GBS alone is made by the workers in
-place; a change of layout or MBS ends the worker group (checkpoint, return), and the driver
-relaunches the TorchTrainer in the new configuration under the same Ray run, so the workers
-resume from that checkpoint, resharded, at the same sample. Each reconfiguration is logged
-with its measured downtime. OUTPUT_DIR/summary.json is written at the end; a relaunch of the
+training runs (live progress and MLflow). A change of GBS, MBS or layout is made by the
+workers in place (`reconfigure: auto` or `in_place`: the ranks reshard model and optimiser
+among themselves). With `reconfigure: restart`, or when the in-place path fails under `auto`,
+the worker group ends instead (checkpoint, return) and the driver relaunches the TorchTrainer
+in the new configuration under the same Ray run, so the workers resume from that checkpoint,
+resharded, at the same sample; after such a fallback the run restarts for every later change.
+Each reconfiguration is logged with its measured downtime. OUTPUT_DIR/summary.json is written at the end; a relaunch of the
 command with the same output_dir resumes (in the configuration the run had reached).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from dataclasses import replace
@@ -28,14 +31,18 @@ from copus.cluster.monitor import RunMonitor
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
 from copus.cluster.worker import gns_worker, train_worker
 from copus.config import ExperimentConfig
-from copus.core.planner import Planner
+from copus.core.planner import Planner, change_kind
 from copus.core.policies import initial_config
 from copus.core.throughput import Config
 from copus.progress import progress_line, reconfiguration_line, summary_text
-from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storage, resume_key, save_run_state)
+from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storage, resume_config, resume_key,
+                             save_run_state)
 from copus.tracking import Tracker, flatten
 
 PRINT_EVERY_S = 5.0
+# Fault injection: when set, an in-place layout change fails on rank 0 after the state has
+# moved (the `auto` mode then falls back to checkpoint-and-restart).
+RESHARD_FAULT_ENV = "COPUS_INJECT_RESHARD_FAILURE"
 
 
 def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
@@ -61,7 +68,7 @@ def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None],
     throughputs = predicted_throughputs(table, model, feasible_space(cfg, table))
     spec = ControllerSpec(cfg.policy.name, tuple(throughputs.items()), cfg.batch.gbs, cfg.policy.efficiency,
                           cfg.gns.critical_factor, cfg.policy.threshold, cfg.policy.interval_s,
-                          cfg.policy.restart_cost_s, b_noise_script)
+                          cfg.policy.restart_cost_s, cfg.policy.in_place_cost_s, cfg.reconfigure, b_noise_script)
     planner = Planner(list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], cfg.batch.gbs,
                       cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold)
     return spec, initial_config(cfg.policy.name, planner, start_config(cfg), cfg.policy.layout)
@@ -77,7 +84,9 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
     ensure_ray(cfg)
     spec, start = controller_setup(cfg, echo, b_noise_script) if cfg.adaptive else (None, start_config(cfg))
-    current = Config(**state.current) if state.current else start
+    current, moved = resume_config(state.current, start)
+    if moved:
+        echo(moved)
 
     tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment)
     if state.mlflow_run_id is None:
@@ -98,8 +107,10 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
 
     # The controller outlives every worker group of this run: its history and restart-cost
     # estimate carry over relaunches.
-    actor = (GoodputController.options(name=f"copus-controller-{run_id}").remote(spec, state.restart_cost_s)
+    actor = (GoodputController.options(name=f"copus-controller-{run_id}").remote(
+                 spec, state.restart_cost_s, state.in_place_cost_s, state.reconfigure)
              if spec is not None else RunMonitor.remote())
+    fail_reshard = bool(os.environ.get(RESHARD_FAULT_ENV))
     clock_origin = time.time() - state.elapsed_s
     view = {"last_val": None, "final": None, "last_print": 0.0, "awaiting": None, "cursor": 0}
 
@@ -113,7 +124,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                 view["final"] = record
             elif kind == "reconfigure":
                 entry = {k: record.get(k) for k in ("step", "samples", "wall_clock_s", "from", "to", "in_place",
-                                                    "predicted_gain", "reason", "b_noise")}
+                                                    "fell_back", "reshard", "predicted_gain", "reason", "b_noise")}
+                entry["change"] = change_kind(Config(**entry["from"]), Config(**entry["to"]))
                 entry["downtime_s"] = None
                 state.reconfigurations.append(entry)
                 view["awaiting"] = entry
@@ -129,9 +141,12 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                 entry["downtime_s"] = record["wall_clock_s"] - record["step_time_s"] - entry["wall_clock_s"]
                 tracker.log_values(run_id, {"reconfiguration_downtime_s": entry["downtime_s"]}, step=entry["step"])
                 if spec is not None:
-                    actor.observed_downtime.remote(entry["downtime_s"], not entry["in_place"])
-                    if not entry["in_place"]:
-                        state.restart_cost_s = entry["downtime_s"]
+                    actor.observed_downtime.remote(entry["downtime_s"], entry["in_place"], entry["change"],
+                                                   bool(entry["fell_back"]))
+                if not entry["in_place"]:
+                    state.restart_cost_s = entry["downtime_s"]
+                elif entry["change"] == "layout":
+                    state.in_place_cost_s = entry["downtime_s"]
                 echo(f"  downtime {entry['downtime_s']:.1f} s")
             # Every validation, but at most one step line per PRINT_EVERY_S: readable on any speed.
             if kind == "step" and time.time() - view["last_print"] < PRINT_EVERY_S:
@@ -148,9 +163,10 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         while True:
             state.launches += 1
             save_run_state(out, state)
-            launch_plan = replace(plan, dp=current.dp, tp=current.tp, pp=current.pp, gbs=current.gbs, mbs=current.mbs)
+            launch_plan = replace(plan, dp=current.dp, tp=current.tp, pp=current.pp, gbs=current.gbs, mbs=current.mbs,
+                                  reconfigure=state.reconfigure or cfg.reconfigure)
             trainer = make_trainer(cfg, train_worker, {"plan": launch_plan, "monitor": actor, "clock_origin": clock_origin,
-                                                       "adaptive": spec is not None},
+                                                       "adaptive": spec is not None, "fail_reshard": fail_reshard},
                                    RunConfig(name=RAY_RUN_NAME, storage_path=str(ray_storage(out)),
                                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
                                              failure_config=FailureConfig(max_failures=0)))
@@ -165,16 +181,21 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
             final = view["final"] or outcome["result"].return_value
             if final["stop_reason"] != "reconfigure":
                 break
-            current = Config(**final["reconfigure"])  # the workers checkpointed; relaunch in the new layout
+            target = dict(final["reconfigure"])  # the workers checkpointed; relaunch in the new layout
+            if target.pop("fell_back", False):
+                state.reconfigure = "restart"  # the in-place path failed once in this run: restart from now on
+            current = Config(**target)
             state.current = current.__dict__
             save_run_state(out, state)
         controller_state = ray.get(actor.snapshot.remote()) if spec is not None else None
     finally:
         ray.kill(actor)
 
-    # The final configuration: the layout of the last launch, the batch shape of the last step
-    # (in-place GBS changes happen inside a launch).
-    final_config = Config(current.dp, current.tp, current.pp, final.get("mbs") or current.mbs, final.get("gbs") or current.gbs)
+    # The final configuration: the layout and batch shape of the last step (in-place changes
+    # happen inside a launch), or the last launch's when it took no step.
+    layout = final.get("layout") or {"dp": current.dp, "tp": current.tp, "pp": current.pp}
+    final_config = Config(layout["dp"], layout["tp"], layout["pp"], final.get("mbs") or current.mbs,
+                          final.get("gbs") or current.gbs)
     summary = {
         "policy": cfg.policy.name,
         "reached_target": final["time_to_target_s"] is not None,

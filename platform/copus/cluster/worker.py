@@ -27,7 +27,7 @@ def train_worker(loop_config: dict) -> dict:
     checkpoint = ray.train.get_checkpoint()
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
         hooks = LoopHooks(persist_checkpoint=persist, resume_from=Path(resume_dir) if resume_dir else None,
-                          clock_origin=loop_config["clock_origin"])
+                          clock_origin=loop_config["clock_origin"], fail_reshard=loop_config.get("fail_reshard", False))
         if rank == 0:  # only rank 0 speaks to the driver (and the controller)
             hooks.emit = emit
             if loop_config.get("adaptive"):

@@ -20,6 +20,15 @@ class AcceleratorSpec:
     peak_bf16_flops: float      # dense matrix-multiply peak, FLOP/s
     memory_bytes: float         # device memory (HBM)
     memory_bandwidth: float     # HBM bytes/s
+    # Model-FLOPs utilisation of a transformer micro-batch as a function of the tokens each rank
+    # processes in it (w = mbs x seq_len / tp):  MFU(w) = mfu_max x w / (w + mfu_half_tokens).
+    # Small micro-batches leave the matrix units idle (launch and memory bound); large ones
+    # approach the best MFU reported for Megatron-style training on the part.
+    mfu_max: float = 0.5
+    mfu_half_tokens: float = 1024.0
+
+    def mfu(self, tokens_per_rank: float) -> float:
+        return self.mfu_max * tokens_per_rank / (tokens_per_rank + self.mfu_half_tokens)
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,15 @@ class NodeSpec:
         return asdict(self)
 
 
+# MFU: Megatron-LM reports 40-55% MFU for GPT models of 3-175 B parameters on H100 at
+# micro-batches of a few thousand tokens per GPU (NVIDIA Megatron-Core performance tables,
+# 2024); MI200-series training reports are lower (30-40%, ROCm Megatron/DeepSpeed ports). The
+# half-saturation points are our assumption (about one 2k-token sequence per rank on H100,
+# less on the slower MI210, which saturates sooner); both are plain fields to override.
 H100_SXM = AcceleratorSpec("NVIDIA H100 SXM5 80GB", peak_bf16_flops=989.4e12, memory_bytes=80 * GB,
-                           memory_bandwidth=3.35e12)
+                           memory_bandwidth=3.35e12, mfu_max=0.50, mfu_half_tokens=2048.0)
 MI210 = AcceleratorSpec("AMD Instinct MI210 64GB", peak_bf16_flops=181.0e12, memory_bytes=64 * GB,
-                        memory_bandwidth=1.6384e12)
+                        memory_bandwidth=1.6384e12, mfu_max=0.38, mfu_half_tokens=1024.0)
 
 NODES: dict[str, NodeSpec] = {
     "h100-sxm-8": NodeSpec(

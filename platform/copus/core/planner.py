@@ -6,8 +6,9 @@ switch is worth it.
 SE from the current gradient noise scale in the chosen form (`copus.core.efficiency`).
 A switch happens only when the best candidate beats the current configuration by the
 threshold (default 10 %) and its gain over the next decision interval outweighs the cost of
-getting there: a change of GBS alone is made in place (cost ≈ 0); a change of layout or MBS
-restarts the worker group (cost measured, initially estimated). Switching is worth it when
+getting there (`SwitchCosts`): a change of GBS alone is made in place (cost ≈ 0); a change of
+MBS or layout costs an in-place reshard or a worker-group restart, whichever the run uses
+(measured, initially estimated). Switching is worth it when
 
     goodput_best × (interval − cost) > goodput_current × interval
 
@@ -31,6 +32,25 @@ def same_shape(a: Config, b: Config) -> bool:
     return (a.dp, a.tp, a.pp, a.mbs) == (b.dp, b.tp, b.pp, b.mbs)
 
 
+def change_kind(a: Config, b: Config) -> str:
+    """What a move from a to b changes, the most expensive part: "layout", "mbs", "gbs" or "none"."""
+    if (a.dp, a.tp, a.pp) != (b.dp, b.tp, b.pp):
+        return "layout"
+    if a.mbs != b.mbs:
+        return "mbs"
+    return "gbs" if a.gbs != b.gbs else "none"
+
+
+@dataclass(frozen=True)
+class SwitchCosts:
+    """Seconds of training a switch costs, by what it changes (a GBS change costs nothing)."""
+    layout_s: float      # another (dp, tp, pp): an in-place reshard, or a worker-group restart
+    mbs_s: float = 0.0   # another MBS in the same layout: a pipeline schedule rebuild, or a restart
+
+    def of(self, a: Config, b: Config) -> float:
+        return {"layout": self.layout_s, "mbs": self.mbs_s}.get(change_kind(a, b), 0.0)
+
+
 @dataclass(frozen=True)
 class Scored:
     config: Config
@@ -48,7 +68,8 @@ class Decision:
     current: Scored
     best: Scored
     switch: bool
-    restart: bool          # the switch needs a new worker group (layout or MBS change)
+    kind: str              # what the move changes: change_kind(current, best)
+    cost_s: float          # its switching cost
     predicted_gain: float  # best goodput / current goodput - 1
     reason: str
 
@@ -93,28 +114,29 @@ class Planner:
             values = np.where(mask, values, -np.inf)
         return self.score(self.candidates[int(np.argmax(values))], b_noise)
 
-    def decide(self, current: Config, b_noise: float, interval_s: float, restart_cost_s: float,
+    def decide(self, current: Config, b_noise: float, interval_s: float, costs: SwitchCosts,
                allowed: Callable[[Config], bool] | None = None, target: Config | None = None) -> Decision:
         """Whether to move from `current`, and where: the candidate with the most goodput over
         the next interval net of its switching cost (or the policy's `target`)."""
         now = self.score(current, b_noise) if current in self.index else Scored(current, float("nan"), float("nan"), 0.0)
-        chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput threshold
+        chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput criterion
         if target is None:
             goodput = self.goodputs(b_noise)
-            cost = np.array([0.0 if same_shape(c, current) else restart_cost_s for c in self.candidates])
+            cost = np.array([costs.of(current, c) for c in self.candidates])
             net = goodput * np.clip(1.0 - cost / interval_s, 0.0, None)
             if allowed is not None:
                 net = np.where([allowed(c) for c in self.candidates], net, -np.inf)
             target = self.candidates[int(np.argmax(net))]
         best = self.score(target, b_noise)
-        restart = not same_shape(best.config, current)
-        cost = restart_cost_s if restart else 0.0
+        kind, cost = change_kind(current, best.config), costs.of(current, best.config)
         gain = best.goodput / now.goodput - 1 if now.goodput > 0 else float("inf")
         if best.config == current:
-            return Decision(now, best, False, False, 0.0, "current configuration is the best")
-        if not chosen_by_policy and gain < self.threshold:
-            return Decision(now, best, False, restart, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold")
+            return Decision(now, best, False, kind, cost, 0.0, "current configuration is the best")
+        if chosen_by_policy:  # a baseline's own rule (cbs: follow c x B_noise) is followed, not weighed
+            return Decision(now, best, True, kind, cost, gain, "the policy's rule")
+        if gain < self.threshold:
+            return Decision(now, best, False, kind, cost, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold")
         if best.goodput * max(interval_s - cost, 0.0) <= now.goodput * interval_s:
-            return Decision(now, best, False, restart, gain,
-                            f"gain {gain:.1%} does not repay a {cost:.0f} s reconfiguration within {interval_s:.0f} s")
-        return Decision(now, best, True, restart, gain, f"predicted goodput +{gain:.1%}")
+            return Decision(now, best, False, kind, cost, gain,
+                            f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s")
+        return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")

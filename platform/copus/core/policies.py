@@ -1,5 +1,5 @@
-"""Batch-size and layout policies. They share everything (planner, controller, restarts,
-in-place GBS changes) except two choices: where to start and what to move to.
+"""Batch-size and layout policies. They share everything (planner, controller, in-place
+changes and restarts) except two choices: where to start and what to move to.
 
 - copus:           start from the experiment's configuration; move to the candidate with the
                    best goodput (GBS, MBS and layout all adapt), with hysteresis and cost.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from copus.core.planner import Decision, Planner, same_shape
+from copus.core.planner import Decision, Planner, SwitchCosts, same_shape
 from copus.core.throughput import Config
 
 POLICIES = ("copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic")
@@ -46,15 +46,15 @@ def initial_config(policy: str, planner: Planner, start: Config, static_layout: 
 
 
 def decide(policy: str, planner: Planner, current: Config, b_noise: float, critical_factor: float,
-           interval_s: float, restart_cost_s: float) -> Decision | None:
+           interval_s: float, costs: SwitchCosts) -> Decision | None:
     """The policy's decision now, or None when it has nothing to decide."""
     if policy == "static":
         return None
     if policy == "copus":
-        return planner.decide(current, b_noise, interval_s, restart_cost_s)
+        return planner.decide(current, b_noise, interval_s, costs)
     if policy.startswith("cbs"):
         if not math.isfinite(b_noise) or b_noise <= 0:
             return None
         target = nearest_gbs(planner, current, critical_factor * b_noise)
-        return planner.decide(current, b_noise, interval_s, restart_cost_s, target=target)
+        return planner.decide(current, b_noise, interval_s, costs, target=target)
     raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")

@@ -33,12 +33,23 @@ def _rng_state() -> dict:
     return state
 
 
+def layout_free_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model": ..., "optim": ...}: this rank's model and optimiser state keyed by parameter
+    name (DTensor shards under tensor parallelism). An optimiser without state yet gets it
+    initialised first, so the keys are the same before and after the first step."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def apply_layout_free_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
+
+
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict, rank: int) -> None:
     """Collective: every rank calls it with the same trainer_state."""
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    dcp.save(layout_free_state(model, optimizer), checkpoint_id=str(path))
     torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
     if rank == 0:
         tmp = path / f".{TRAINER_STATE}.tmp"
@@ -56,10 +67,9 @@ def read_trainer_state(path: Path) -> dict:
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> dict:
     """Collective: load model and optimiser state in place, return the trainer state."""
     trainer_state = read_trainer_state(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
-    state = {"model": model_sd, "optim": optim_sd}
+    state = layout_free_state(model, optimizer)
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
+    apply_layout_free_state(model, optimizer, state)
     rng_file = path / f"rng_rank{rank}.pt"
     if rng_file.is_file():  # absent when the checkpoint came from a smaller world
         rng = torch.load(rng_file, weights_only=False)

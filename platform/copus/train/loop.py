@@ -9,6 +9,11 @@ accumulates the gradient of its mean loss over m = GBS / (dp x MBS) micro-batche
 the pipeline schedule when pp > 1, over DTensor shards when tp > 1); gradients are then
 averaged over dp, so they are exactly the gradient of the mean loss over the global batch,
 and clipped by the global norm. accelerate supplies the device and mixed precision.
+
+At a step boundary rank 0 may bring a decision (the controller's): a new GBS or MBS is used
+from the next step on; a new layout is built in place (`copus.train.reconfigure`) or, with
+`reconfigure: restart` or when that fails under `auto`, the loop checkpoints and returns with
+stop_reason "reconfigure" for the driver to relaunch the workers in the new layout.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +31,7 @@ import torch.distributed as dist
 
 from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
-from copus.core.planner import same_shape
+from copus.core.planner import change_kind
 from copus.core.throughput import Config
 from copus.core.layout import bubble_fraction
 from copus.parallel.dims import ParallelDims
@@ -34,7 +39,9 @@ from copus.parallel.gns_probe import adam_preconditioner
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
 from copus.train.engine import ParallelModel
+from copus.train.hardware import release_memory
 from copus.train.plan import OptimizerPlan, WorkerPlan
+from copus.train.reconfigure import ReshardFailed, reshard_in_place
 from workloads.flavours import FLAVOURS
 
 
@@ -60,6 +67,9 @@ class LoopHooks:
     # Asked on rank 0 at every step boundary with (step, current Config): the controller's
     # decision as {"config": {...}, ...} or None. Rank 0 broadcasts it; every rank follows.
     decide: Callable[[int, Config], dict | None] | None = None
+    # Fault injection (COPUS_INJECT_RESHARD_FAILURE): the in-place layout change fails on rank 0
+    # after the state has moved, to exercise the fallback to a restart.
+    fail_reshard: bool = False
 
 
 def world_rank_size() -> tuple[int, int]:
@@ -138,11 +148,16 @@ def train_step(model: ParallelModel, optimizer: torch.optim.Optimizer, inputs: t
     return StepResult(loss, grad_norm, time.perf_counter() - t)
 
 
+def attach_probe(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: WorkerPlan) -> None:
+    if plan.gns.enabled:
+        model.attach_probe(adam_preconditioner(optimizer) if plan.gns.precondition == "adam" else None)
+
+
 def attach_gns(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: WorkerPlan) -> GNSEstimator | None:
     """Probe gradient norms every step and smooth them into a GNS estimate (B0 = the plan's GBS)."""
     if not plan.gns.enabled:
         return None
-    model.attach_probe(adam_preconditioner(optimizer) if plan.gns.precondition == "adam" else None)
+    attach_probe(model, optimizer, plan)
     return GNSEstimator(plan.gns.reference_gbs or plan.gbs, plan.gns.smoothing, plan.gns.critical_factor)
 
 
@@ -187,7 +202,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
 
     state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
-             "last_val_loss": None, "last_val_step": None, "reconfigure": None}
+             "last_val_loss": None, "last_val_step": None, "reconfigure": None, "layout": None}
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
@@ -252,17 +267,33 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
             decision = hooks.decide(state["step"], current) if rank == 0 else None
             target = _broadcast_config(Config(**decision["config"]) if decision else None, device)
             if target is not None and target != current:
-                in_place = same_shape(target, current)
+                record = {"kind": "reconfigure", "step": state["step"], "samples": state["samples"],
+                          "wall_clock_s": wall(), "from": current.__dict__, "to": target.__dict__,
+                          **{k: v for k, v in (decision or {}).items() if k != "config"}}
+                kind = change_kind(current, target)
+                in_place = kind == "gbs" or plan.reconfigure != "restart"
+                if kind == "layout" and in_place:
+                    try:
+                        model, optimizer, record["reshard"] = reshard_in_place(
+                            model, optimizer, plan, target, lambda m: make_optimizer(m, o, plan.lr.base_lr),
+                            fail=hooks.fail_reshard)
+                    except ReshardFailed as err:
+                        if plan.reconfigure == "in_place":
+                            raise
+                        in_place, record["fell_back"] = False, str(err)  # the old layout is intact: restart
+                    else:
+                        dims = model.dims
+                        plan = replace(plan, dp=target.dp, tp=target.tp, pp=target.pp)
+                        attach_probe(model, optimizer, plan)
+                        release_memory(device)  # the old layout's tensors, now unreferenced
                 if rank == 0:
-                    hooks.emit({"kind": "reconfigure", "step": state["step"], "samples": state["samples"],
-                                "wall_clock_s": wall(), "from": current.__dict__, "to": target.__dict__,
-                                "in_place": in_place, **{k: v for k, v in (decision or {}).items() if k != "config"}})
-                if not in_place:  # a new layout or MBS: checkpoint and hand back to the driver
+                    hooks.emit({**record, "in_place": in_place})
+                if not in_place:  # checkpoint and hand back to the driver, which relaunches
                     stop_reason = "reconfigure"
-                    state["reconfigure"] = target.__dict__
+                    state["reconfigure"] = {**target.__dict__, "fell_back": "fell_back" in record}
                     break
                 dims.validate(flavour.shape(), gbs=target.gbs, mbs=target.mbs)
-                gbs = target.gbs
+                gbs, mbs = target.gbs, target.mbs
         t_step = time.perf_counter()
         gain = adascale_gain(gns.grad_sqr, gns.grad_var, gns.reference_gbs, gbs) if gns is not None and gns.ready else None
         lr = plan.lr.lr(state["samples"], gbs, gain)
@@ -279,6 +310,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         state["step"] += 1
         state["samples"] += gbs
         state["gbs"], state["mbs"] = gbs, mbs
+        state["layout"] = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
 
         if rank == 0 and state["step"] % plan.report_every_steps == 0:
             hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": result.loss,
@@ -303,6 +335,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     checkpoint()
     if on_finish is not None:
         on_finish(model.module)
+    model.close()  # a worker may train again in this process (tests, profiling): free the groups
     result = {**trainer_state(), "stop_reason": stop_reason}
     if rank == 0:
         hooks.emit({"kind": "end", **result})

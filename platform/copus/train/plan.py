@@ -74,6 +74,7 @@ class WorkerPlan:
     report_every_steps: int = 1
     use_gpu: bool = False
     mixed_precision: str = "no"
+    reconfigure: str = "auto"   # in_place | restart | auto (see ExperimentConfig.reconfigure)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -104,4 +105,5 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         report_every_steps=cfg.cluster.report_every_steps,
         use_gpu=cfg.cluster.use_gpu,
         mixed_precision=cfg.cluster.mixed_precision,
+        reconfigure=cfg.reconfigure,
     )

@@ -15,7 +15,6 @@ and the driver records the point it was measuring as infeasible and relaunches f
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from copus.core.throughput import Config
 from copus.train.data import replica_batch
+from copus.train.hardware import release_memory
 from copus.train.loop import attach_gns, build_replica, train_step, world_rank_size
 from copus.train.plan import WorkerPlan
 
@@ -136,10 +136,8 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                           "warmup_times": warmup,
                           "samples_per_s": cfg.gbs / step, "peak_memory_bytes": peak})
         finally:
-            # Free this layout's model, optimiser state and process-group users before the next.
-            model.detach_probe()
-            model = optimizer = stream = None
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
+            # Free this layout's model, optimiser state and process groups before the next.
+            model.close()
+            device, model, optimizer, stream = model.device, None, None, None
+            release_memory(device)
     return {"measured": done, "stopped": "done"}

@@ -1,0 +1,145 @@
+"""The typed simulation YAML (`copus simulate SIM.yaml`): one validated `SimConfig` out, turned
+into the simulator's plain `Setting` at the edge. Problems are one line naming the field."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from copus.config import ConfigError, _FieldProblem, _format_pydantic_error, _Section, apply_overrides, read_yaml
+from copus.core.hardware import NODES
+from copus.core.layout import layout_problems
+from copus.core.simulator import Cluster, CriticalBatch, LossCurve, ReconfigurationCosts, Setting
+from copus.core.throughput import Config
+from workloads.flavours import FLAVOURS
+
+PolicyName = Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"]
+
+
+class SimCluster(_Section):
+    node: str = "h100-sxm-8"
+    nodes: int = Field(1, ge=1)
+
+
+class SimBatch(_Section):
+    gbs: int = Field(128, ge=1)   # the starting GBS; the static policy keeps it
+    mbs: int = Field(1, ge=1)
+
+
+class SimParallel(_Section):
+    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+
+
+class SimSearch(_Section):
+    gbs_min: int = Field(32, ge=1)
+    gbs_max: int = Field(2048, ge=1)
+    mbs: list[int] = [1, 2, 4]
+    layouts: list[tuple[int, int, int]] | None = None   # default: every valid layout of the cluster
+
+
+class SimPolicy(_Section):
+    efficiency: Literal["pollux", "lr-aware"] = "pollux"
+    critical_factor: float = Field(2.0, gt=0.0)
+    threshold: float = Field(0.10, ge=0.0)
+    interval_s: float = Field(600.0, gt=0.0)
+
+
+class SimCosts(_Section):
+    in_place_fixed_s: float = Field(25.0, ge=0.0)
+    restart_fixed_s: float = Field(180.0, ge=0.0)
+    storage_gb_per_s: float = Field(1.0, gt=0.0)   # per node, to the checkpoint store
+
+
+class SimLossCurve(_Section):
+    e: float = Field(1.69, gt=0.0)
+    a: float = Field(406.4, ge=0.0)
+    alpha: float = Field(0.34, gt=0.0)
+    b: float = Field(410.7, ge=0.0)
+    beta: float = Field(0.28, gt=0.0)
+
+
+class SimCriticalBatch(_Section):
+    b_star_tokens: float = Field(2.1e8, gt=0.0)
+    alpha_b: float = Field(0.21, gt=0.0)
+    flat_tokens: float | None = Field(None, gt=0.0)   # a constant critical batch instead
+
+
+class SimTraining(_Section):
+    target_loss: float = Field(gt=0.0)
+    max_hours: float = Field(24.0 * 60, gt=0.0)   # simulated time limit
+    loss_curve: SimLossCurve = SimLossCurve()
+    critical_batch: SimCriticalBatch = SimCriticalBatch()
+
+
+class SimPaper(_Section):
+    """What the COPUS paper reports for this setting, printed beside our figures."""
+    copus_speedup_vs_fastest_baseline: float | None = None
+    note: str = ""
+
+
+class SimConfig(_Section):
+    name: str = "simulation"
+    model: str
+    seq_len: int = Field(4096, ge=1)
+    cluster: SimCluster = SimCluster()
+    batch: SimBatch = SimBatch()
+    parallel: SimParallel | None = None   # the starting layout; default: data parallel over the cluster
+    search: SimSearch = SimSearch()
+    policy: SimPolicy = SimPolicy()
+    reconfigure: Literal["in_place", "restart"] = "in_place"
+    costs: SimCosts = SimCosts()
+    training: SimTraining
+    policies: list[PolicyName] = Field(["copus", "static", "cbs-pessimistic", "cbs-optimistic"], min_length=1)
+    paper: SimPaper = SimPaper()
+
+    @model_validator(mode="after")
+    def _rules(self) -> "SimConfig":
+        if self.model not in FLAVOURS:
+            raise _FieldProblem("model", f"unknown flavour {self.model!r} (known: {', '.join(FLAVOURS)})")
+        if self.cluster.node not in NODES:
+            raise _FieldProblem("cluster.node", f"unknown node {self.cluster.node!r} (known: {', '.join(NODES)})")
+        if self.search.gbs_min > self.search.gbs_max:
+            raise _FieldProblem("search.gbs_min", f"{self.search.gbs_min} is larger than search.gbs_max {self.search.gbs_max}")
+        if len(set(self.policies)) != len(self.policies):
+            raise _FieldProblem("policies", f"list each policy once (got {self.policies})")
+        world = NODES[self.cluster.node].accelerators_per_node * self.cluster.nodes
+        start = self.parallel or SimParallel(dp=world)
+        problems = layout_problems(start.dp, start.tp, start.pp, FLAVOURS[self.model].shape(), world,
+                                   self.batch.gbs, self.batch.mbs)
+        if problems:  # the layout rules name experiment fields; here the cluster is nodes x node
+            field, message = problems[0]
+            raise _FieldProblem(field.replace("cluster.num_workers", "cluster.nodes"), message)
+        return self
+
+
+def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None) -> SimConfig:
+    raw = read_yaml(path, "simulation")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    try:
+        return SimConfig.model_validate(apply_overrides(raw, overrides or []))
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {_format_pydantic_error(err)}") from None
+
+
+def setting_from(cfg: SimConfig) -> Setting:
+    """The plain simulator inputs of a validated config."""
+    node = NODES[cfg.cluster.node]
+    cluster = Cluster(node, cfg.cluster.nodes)
+    p = cfg.parallel or SimParallel(dp=cluster.world)
+    t, c = cfg.training, cfg.costs
+    return Setting(
+        cluster=cluster, shape=FLAVOURS[cfg.model].shape(), seq_len=cfg.seq_len,
+        start=Config(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs),
+        gbs_min=cfg.search.gbs_min, gbs_max=cfg.search.gbs_max, mbs=tuple(cfg.search.mbs),
+        target_loss=t.target_loss, form=cfg.policy.efficiency, critical_factor=cfg.policy.critical_factor,
+        threshold=cfg.policy.threshold, interval_s=cfg.policy.interval_s, reconfigure=cfg.reconfigure,
+        costs=ReconfigurationCosts(c.in_place_fixed_s, c.restart_fixed_s, c.storage_gb_per_s * 1e9),
+        curve=LossCurve(**t.loss_curve.model_dump()), critical=CriticalBatch(**t.critical_batch.model_dump()),
+        max_hours=t.max_hours, layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
+    )
+

@@ -1,0 +1,68 @@
+"""`copus simulate`: every policy of a simulation YAML on the modelled cluster, time to target
+per policy, COPUS's speedup over the fastest baseline beside the paper's, and the
+throughput-optimal layout for each GBS."""
+
+from __future__ import annotations
+
+from copus.core.comparison import summarize
+from copus.core.simulator import best_layout_by_gbs, search_space, simulate
+from copus.core.throughput import Config
+from copus.sim_config import SimConfig, setting_from
+
+
+def run_simulation(cfg: SimConfig) -> dict:
+    setting = setting_from(cfg)
+    space = search_space(setting)
+    results = {p: simulate(setting, p, space) for p in cfg.policies}
+    runs = [{"policy": p, "repeat": 0, "time_to_target_s": r.time_to_target_s,
+             "reached_target": r.time_to_target_s is not None, "final_val_loss": r.final_loss,
+             "samples": r.samples, "reconfigurations": len(r.reconfigurations)} for p, r in results.items()]
+    stats = summarize(runs, list(cfg.policies))
+    copus = stats.get("copus", {})
+    c = setting.cluster
+    return {
+        "name": cfg.name,
+        "model": cfg.model,
+        "cluster": f"{c.nodes}x{c.node.accelerators_per_node} {c.node.accelerator.name}",
+        "target_loss": cfg.training.target_loss,
+        "candidates": len(space[0]),
+        "reconfiguration_costs_s": {"in_place": setting.costs.in_place_s(c, setting.shape),
+                                    "restart": setting.costs.restart_s(c, setting.shape), "mode": cfg.reconfigure},
+        "policies": {p: r.as_dict() for p, r in results.items()},
+        "copus_speedup_vs_fastest_baseline": copus.get("speedup_vs_fastest_baseline"),
+        "fastest_baseline": copus.get("fastest_baseline"),
+        "paper": cfg.paper.model_dump(),
+        "best_layout_by_gbs": best_layout_by_gbs(setting),
+    }
+
+
+def _hours(seconds: float | None) -> str:
+    return f"{seconds / 3600:8.2f} h" if seconds is not None else "not reached"
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:+.1%}" if x is not None else "n/a"
+
+
+def simulation_text(result: dict) -> str:
+    lines = [f"{result['name']}: {result['model']} on {result['cluster']}, target loss {result['target_loss']}, "
+             f"{result['candidates']} feasible configurations",
+             f"reconfiguration cost: in place {result['reconfiguration_costs_s']['in_place']:.0f} s, restart "
+             f"{result['reconfiguration_costs_s']['restart']:.0f} s (runs use {result['reconfiguration_costs_s']['mode']})",
+             "",
+             f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<26} {'final':<26}"]
+    for policy, r in result["policies"].items():
+        lines.append(f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
+                     f"{Config(**r['start']).label():<26} {Config(**r['final']).label():<26}")
+    paper = result["paper"].get("copus_speedup_vs_fastest_baseline")
+    lines += ["", f"copus speedup vs fastest baseline ({result['fastest_baseline']}): "
+                  f"{_pct(result['copus_speedup_vs_fastest_baseline'])} (paper: {_pct(paper)})", "",
+              "throughput-optimal configuration by GBS:"]
+    previous = None
+    for row in result["best_layout_by_gbs"]:
+        c = Config(**row["config"])
+        layout = f"dp{c.dp}-tp{c.tp}-pp{c.pp} mbs{c.mbs}"
+        mark = "" if previous in (None, layout) else "   <- the best layout changes"
+        lines.append(f"  gbs {row['gbs']:>5}: {layout:<22} {row['samples_per_s']:8.1f} samples/s{mark}")
+        previous = layout
+    return "\n".join(lines)
