@@ -37,7 +37,7 @@ def test_decides_once_per_interval_and_hands_the_decision_out_once():
     d = c.decision()
     assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["change"] == "layout"
     assert c.decision() is None
-    assert c.drain(0)[0]["step"] == 1 and len(c.history) == 3
+    assert c.drain((None, 0))[1][0]["step"] == 1 and len(c.history) == 3
 
 
 def test_switch_costs_are_learned_and_block_switches_that_cannot_repay_them():
@@ -100,3 +100,24 @@ def test_efficiency_forms():
     assert math.isnan(efficiency("pollux", float("nan"), 16, 64))
     with pytest.raises(ValueError, match="policy.efficiency"):
         efficiency("magic", 1.0, 16, 64)
+
+
+def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_path):
+    path = tmp_path / "controller_state.json"
+    c = Controller(spec(in_place_cost_s=1.0), state_path=str(path))
+    start = Config(2, 1, 1, 2, 8)
+    c.push(step(1, 0.0, start))
+    c.push(step(2, 11.0, start))
+    c.observed_downtime(0.7, in_place=True, kind="layout")
+    assert c.decision() is not None and path.is_file()
+    # Ray restarts the actor with its original arguments: it finds its state file.
+    again = Controller(spec(in_place_cost_s=1.0), state_path=str(path))
+    assert again.restarts == 1 and again.history == c.history and again.evaluations == c.evaluations
+    assert again.in_place_cost_s == 0.7 and again.incarnation != c.incarnation
+    again.push(step(3, 15.0, start))  # the interval started at 11 s goes on: no decision before 21 s
+    assert len(again.evaluations) == len(c.evaluations)
+    again.push(step(4, 22.0, start))
+    assert len(again.evaluations) == len(c.evaluations) + 1
+    # A driver draining the old incarnation starts over on the new one.
+    cursor, records = again.drain((c.incarnation, 5))
+    assert [r["step"] for r in records] == [3, 4] and cursor == (again.incarnation, 2)

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +66,10 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
         assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:] + "\nhead: "
                                       + (tmp_path / "head.log").read_text()[-2000:])
         assert "succeeded" in proc.stdout
+        # Exposure: the dashboard and its job API listen on loopback only, as the README says.
+        listening = [c.laddr for c in psutil.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == dashboard]
+        assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 4 and summary["stop_reason"] == "max_steps"
         assert (tmp_path / "mlflow.db").is_file()

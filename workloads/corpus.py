@@ -145,7 +145,7 @@ def _tokens_of_bin(path: Path, dtype: str, vocab_size: int) -> np.ndarray:
     return tokens
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -156,7 +156,7 @@ def _file_digest(path: Path) -> str:
 def build_user(kind: str, path: Path, val_path: Path | None, text_field: str, dtype: str,
                val_fraction: float, vocab_size: int, cache_dir: Path) -> TokenFiles:
     sources = [path] + ([val_path] if val_path else [])
-    out_dir = cache_dir / "user" / _key(kind, [_file_digest(p) for p in sources], text_field, dtype, val_fraction)
+    out_dir = cache_dir / "user" / _key(kind, [file_digest(p) for p in sources], text_field, dtype, val_fraction)
     cached = _read_cached(out_dir)
     if cached:
         return cached

@@ -90,7 +90,7 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     if uri.startswith(("http://", "https://")):
         print(f"  open the UI at {uri}")
     else:
-        print(f"  open the UI with: .venv/bin/mlflow ui --backend-store-uri {uri}")
+        print(f"  open the UI with: .venv/bin/mlflow ui --host 127.0.0.1 --backend-store-uri {uri}")
     return 0
 
 

@@ -89,6 +89,7 @@ class PolicyConfig(_Section):
     interval_s: float = Field(30.0, gt=0.0)       # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)   # a restart's cost until one has been measured
     in_place_cost_s: float = Field(5.0, ge=0.0)   # an in-place layout change's cost until one has been measured
+    controller_timeout_s: float = Field(10.0, gt=0.0)  # rank 0 waits at most this long for a decision
     layout: Literal["given", "best"] = "given"    # static: the parallel section's layout, or the profile's best for batch.gbs
 
 
@@ -97,6 +98,9 @@ class StopConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     max_samples: int | None = Field(None, ge=1)
     max_wall_clock_s: float | None = Field(None, gt=0.0)
+    # A step with a non-finite loss or gradient is skipped (no update, counted, logged); more
+    # than this many in a row stop the run with an error and a checkpoint of the last finite weights.
+    max_nonfinite_steps: int = Field(3, ge=0)
 
 
 class EvalConfig(_Section):
@@ -106,6 +110,7 @@ class EvalConfig(_Section):
 
 class CheckpointConfig(_Section):
     every_steps: int = Field(50, ge=1)
+    every_s: float | None = Field(None, gt=0.0)   # also checkpoint when this much wall-clock has passed
     keep: int = Field(2, ge=1)
 
 
@@ -116,6 +121,9 @@ class ClusterConfig(_Section):
     gpus_per_worker: float = Field(1.0, gt=0.0)
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     report_every_steps: int = Field(1, ge=1)  # how often rank 0 sends metrics to the driver
+    # A worker group that fails (a worker killed, a node lost) is restarted by Ray Train from
+    # the last checkpoint, in the layout it had reached, this many times before the run fails.
+    max_failures: int = Field(3, ge=0)
     memory_per_worker_gb: float | None = Field(None, gt=0.0)  # default: detected (GPU memory, or host RAM / workers)
     memory_margin: float = Field(0.1, ge=0.0, lt=1.0)         # share of it the memory model keeps free
 
@@ -328,12 +336,31 @@ def config_from_mapping(raw: Any, overrides: list[str] | None = None) -> Experim
         raise ConfigError(_format_pydantic_error(err)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (plain data only: a tag that would construct an object is an error)
+    that also refuses a key given twice in one mapping, which plain YAML silently resolves to
+    the last value: a config typo must never pass unnoticed."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike, what: str = "experiment") -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the {what} file ({getattr(err, 'strerror', None) or err})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

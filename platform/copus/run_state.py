@@ -22,8 +22,8 @@ RUN_STATE = "run_state.json"
 RAY_STORAGE = "ray"
 RAY_RUN_NAME = "train"
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
-# name-keyed optimiser state for resharding across layouts).
-CHECKPOINT_FORMAT = 2
+# name-keyed optimiser state for resharding across layouts; 3: manifests and COMPLETE marker).
+CHECKPOINT_FORMAT = 3
 
 
 @dataclass
@@ -37,6 +37,7 @@ class RunState:
     restart_cost_s: float | None = None         # the last measured restart downtime
     in_place_cost_s: float | None = None        # the last measured in-place layout change downtime
     reconfigure: str | None = None              # "restart" once an in-place change fell back (sticky)
+    worker_failures: list = field(default_factory=list)  # worker groups Ray Train restarted, and what was lost
 
 
 def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
@@ -55,7 +56,8 @@ def ray_storage(output_dir: Path) -> Path:
 def clear_run(output_dir: Path) -> None:
     """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
     shutil.rmtree(ray_storage(output_dir), ignore_errors=True)
-    for name in (RUN_STATE, "summary.json"):
+    shutil.rmtree(output_dir / "faults", ignore_errors=True)  # fault-injection markers
+    for name in (RUN_STATE, "summary.json", "records.jsonl", "controller_state.json"):
         (output_dir / name).unlink(missing_ok=True)
 
 

@@ -22,7 +22,8 @@ STEP_METRICS = ("train_loss", "samples_per_s", "tokens_per_s", "step_time_s", "f
                 "gns_sqr", "gns_var", "b_noise", "critical_batch_size", "statistical_efficiency")
 EVAL_METRICS = ("val_loss",)
 CHECKPOINT_METRICS = ("checkpoint_time_s",)
-_BY_KIND = {"step": STEP_METRICS, "eval": EVAL_METRICS, "checkpoint": CHECKPOINT_METRICS}
+_BY_KIND = {"step": STEP_METRICS, "eval": EVAL_METRICS, "checkpoint": CHECKPOINT_METRICS,
+            "nonfinite": ("nonfinite_steps",)}
 _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 
 
@@ -57,9 +58,18 @@ def metrics_of(record: dict, timestamp_ms: int | None = None) -> list[Metric]:
 
 
 class Tracker:
-    def __init__(self, tracking_uri: str, experiment: str):
+    """One experiment's MLflow client. Metrics of a run in progress never stop training: when a
+    write fails (server down, SQLite database locked), they are kept in memory, a warning says
+    so once per outage, and they are written, in order, with the next write that succeeds;
+    `finish` retries before giving up and saying how many were lost."""
+
+    def __init__(self, tracking_uri: str, experiment: str, warn=None, retry_s: float = 30.0):
         self.uri = tracking_uri
+        self.retry_s = retry_s  # after a failed write, buffer without trying for this long
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.warn = warn or (lambda line: None)
+        self._pending: dict[str, list[Metric]] = {}
+        self._outage, self._retry_at = False, 0.0
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
             experiment, artifact_location=artifact_location(tracking_uri))
@@ -79,10 +89,36 @@ class Tracker:
     def resume_run(self, run_id: str) -> None:
         self.client.update_run(run_id, status="RUNNING")
 
+    @property
+    def pending(self) -> int:
+        return sum(len(v) for v in self._pending.values())
+
+    def flush(self, run_id: str) -> bool:
+        """Write the run's buffered metrics; False (and they stay buffered) when MLflow fails.
+        A failed write can take a while (MLflow's SQLite store waits 20 s on a locked
+        database), so after one the next attempt waits `retry_s` (the driver keeps draining)."""
+        batch = self._pending.get(run_id, [])
+        try:
+            while batch:
+                self.client.log_batch(run_id, metrics=batch[:_MAX_BATCH])
+                del batch[:_MAX_BATCH]
+        except Exception as err:  # any client, store or network error: training goes on
+            if not self._outage:
+                self.warn(f"warning: MLflow at {self.uri} is unreachable ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200] if str(err) else ''}); training goes on, "
+                          f"metrics are kept and written when it is back")
+            self._outage, self._retry_at = True, time.time() + self.retry_s
+            return False
+        self._retry_at = 0.0
+        if self._outage:
+            self.warn(f"MLflow at {self.uri} is back: buffered metrics written")
+        self._outage = False
+        return True
+
     def log_metrics(self, run_id: str, metrics: Iterable[Metric]) -> None:
-        batch = list(metrics)
-        for i in range(0, len(batch), _MAX_BATCH):
-            self.client.log_batch(run_id, metrics=batch[i:i + _MAX_BATCH])
+        self._pending.setdefault(run_id, []).extend(metrics)
+        if time.time() >= self._retry_at:
+            self.flush(run_id)
 
     def log_values(self, run_id: str, values: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -91,11 +127,25 @@ class Tracker:
     def log_records(self, run_id: str, records: Iterable[dict]) -> None:
         self.log_metrics(run_id, [m for r in records for m in metrics_of(r)])
 
+    def _tolerant(self, what: str, write) -> None:
+        try:
+            write()
+        except Exception as err:  # the run's figures are in summary.json and records.jsonl too
+            self.warn(f"warning: could not write {what} to MLflow at {self.uri} ({type(err).__name__})")
+
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self._tolerant("tags", lambda: self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()]))
 
     def log_dict(self, run_id: str, data: dict, artifact_file: str) -> None:
-        self.client.log_dict(run_id, data, artifact_file)
+        self._tolerant(artifact_file, lambda: self.client.log_dict(run_id, data, artifact_file))
 
-    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+    def finish(self, run_id: str, status: str = "FINISHED", retries: int = 5, wait_s: float = 2.0) -> None:
+        for attempt in range(retries):
+            if self.flush(run_id):
+                break
+            time.sleep(wait_s)
+        else:
+            self.warn(f"warning: {self.pending} metrics could not be written to MLflow at {self.uri}; "
+                      f"summary.json and records.jsonl in the output directory have the run's figures")
+            return
         self.client.set_terminated(run_id, status=status)

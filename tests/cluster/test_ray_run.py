@@ -50,11 +50,18 @@ def test_relaunch_resumes_with_the_same_next_loss(base_mapping, tmp_path):
     assert summary["time_to_target_s"] is None
 
 
-def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path):
+def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path, monkeypatch):
     # A target the debug model reaches within a few steps: time_to_target_s must be logged.
+    # Step 2's gradient is made NaN on the workers: the step is skipped, counted and logged.
+    monkeypatch.setenv("COPUS_INJECT_NONFINITE_STEPS", "2")
     cfg = config_from_mapping(base_mapping, ["stop.target_val_loss=5.0", "stop.max_steps=30", "tracking.run_name=target"])
-    summary = run_experiment(cfg, echo=lambda _: None)
+    messages: list[str] = []
+    summary = run_experiment(cfg, echo=messages.append)
     assert summary["reached_target"] and summary["stop_reason"] == "target_val_loss"
+    assert summary["nonfinite_steps"] == 1 and summary["skipped_samples"] == 8
+    assert any(m.startswith("warning: step 2: non-finite loss") and "update skipped" in m for m in messages)
+    assert [m.step for m in MlflowClient(tracking_uri=cfg.resolved_tracking_uri()).get_metric_history(
+        summary["mlflow_run_id"], "nonfinite_steps")] == [2]
     assert 0 < summary["time_to_target_s"] <= summary["wall_clock_s"]
 
     mlflow.set_tracking_uri(cfg.resolved_tracking_uri())
@@ -70,7 +77,7 @@ def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path):
                 "statistical_efficiency"):
         assert client.get_metric_history(summary["mlflow_run_id"], key), key
     steps = _history(client, summary["mlflow_run_id"], "train_loss")
-    assert sorted(steps) == list(range(1, summary["steps"] + 1))
+    assert sorted(steps) == [s for s in range(1, summary["steps"] + 1) if s != 2]  # step 2 made no update
 
 
 def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_path):

@@ -1,13 +1,16 @@
-"""The training loop without Ray: exact resume, and data parallelism with gradient
-accumulation equal to the single-process reference."""
+"""The training loop without Ray: exact resume, data parallelism with gradient accumulation
+equal to the single-process reference, and non-finite steps skipped without harm."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import torch
 
+from copus.train.faults import Faults
+from copus.train.loop import NonFiniteLossError
 from copus.train.plan import StopRule
 from tests.train.loop_helpers import losses, run_distributed, run_local, small_plan
 
@@ -60,3 +63,35 @@ def test_two_data_parallel_workers_match_one_process(token_cache, tmp_path, mbs)
     for name, value in ref_params.items():
         torch.testing.assert_close(dp_params[name], value, rtol=1e-3, atol=1e-5)
     assert _close(losses(dp_records, "eval", "val_loss")[4], losses(ref_records, "eval", "val_loss")[4], 1e-4)
+
+
+def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_gns_alone(token_cache, tmp_path):
+    plan = small_plan(token_cache, stop=StopRule(max_steps=3), checkpoint_every_steps=100)
+    skipped_records, skipped, skipped_params = run_local(plan, tmp_path / "a", faults=Faults(poison_steps=frozenset({3})))
+    _, two, two_params = run_local(replace(plan, stop=StopRule(max_steps=2)), tmp_path / "b")
+    assert [r["step"] for r in skipped_records if r["kind"] == "nonfinite"] == [3]
+    assert skipped["nonfinite_steps"] == 1 and skipped["skipped_samples"] == plan.gbs and skipped["samples"] == 3 * plan.gbs
+    for name, value in two_params.items():  # step 3 changed nothing
+        torch.testing.assert_close(skipped_params[name], value, rtol=0, atol=0, msg=name)
+    assert skipped["gns"] == two["gns"]
+
+
+def test_repeated_non_finite_steps_stop_with_a_usable_checkpoint(token_cache, tmp_path):
+    plan = small_plan(token_cache, stop=StopRule(max_steps=8, max_nonfinite_steps=2), checkpoint_every_steps=100)
+    with pytest.raises(NonFiniteLossError, match=r"stop.max_nonfinite_steps: 3 consecutive steps .* checkpoint at step 5"):
+        run_local(plan, tmp_path / "ck", faults=Faults(poison_steps=frozenset({3, 4, 5})))
+    records, final, _ = run_local(plan, tmp_path / "ck", resume_step=5)
+    assert final["step"] == 8 and all(math.isfinite(r["train_loss"]) for r in records if r["kind"] == "step")
+
+
+def test_a_restarted_group_resumes_in_the_configuration_its_checkpoint_was_written_in(token_cache):
+    from copus.train.loop import resume_plan
+
+    plan = small_plan(token_cache, dp=1, pp=2, gbs=8, mbs=2)  # the launch's plan
+    reached = {"layout": {"dp": 2, "tp": 1, "pp": 1}, "gbs": 16, "mbs": 4, "reconfigure": None}
+    moved = resume_plan(plan, reached, world=2)  # Ray Train restarted a group after in-place changes
+    assert (moved.dp, moved.tp, moved.pp, moved.gbs, moved.mbs) == (2, 1, 1, 16, 4)
+    handover = {**reached, "reconfigure": {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 8}}
+    assert resume_plan(plan, handover, world=2) == plan  # the driver relaunched into the plan's layout
+    assert resume_plan(plan, reached, world=4) == plan   # another world size: the driver chose the layout
+    assert resume_plan(plan, {"step": 3}, world=2) == plan  # an older checkpoint without a layout

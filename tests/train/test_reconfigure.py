@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from copus.core.throughput import Config
 from copus.train.data import replica_batch
+from copus.train.faults import Faults
 from copus.train.hardware import release_memory
 from copus.train.local import run_local
 from copus.train.loop import build_replica, make_optimizer, train_step
@@ -74,9 +75,9 @@ def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_c
 
 def _fail_then_resume(plan, root: Path) -> dict:
     to_pipeline = Scripted({2: Config(1, 1, 2, 2, 8)})
-    _, final, _ = run_local(plan, root / "auto", decide=to_pipeline, fail_reshard=True)
+    _, final, _ = run_local(plan, root / "auto", decide=to_pipeline, faults=Faults(fail_reshard=True))
     try:
-        run_local(replace(plan, reconfigure="in_place"), root / "strict", decide=to_pipeline, fail_reshard=True)
+        run_local(replace(plan, reconfigure="in_place"), root / "strict", decide=to_pipeline, faults=Faults(fail_reshard=True))
         strict = "no error"
     except ReshardFailed as err:
         strict = str(err)

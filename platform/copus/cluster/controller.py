@@ -12,8 +12,11 @@ output directory for a driver restart.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
@@ -41,9 +44,16 @@ class ControllerSpec:
 
 
 class Controller(RecordQueue):
+    # What a restarted controller recovers from its state file (the profile is in its spec).
+    HISTORY_KEPT = 5000
+    EVALUATIONS_KEPT = 500
+
     def __init__(self, spec: ControllerSpec, restart_cost_s: float | None = None, in_place_cost_s: float | None = None,
-                 reconfigure: str | None = None):
-        """The optional arguments carry what an earlier driver of the same run measured."""
+                 reconfigure: str | None = None, state_path: str | None = None):
+        """The optional arguments carry what an earlier driver of the same run measured.
+        `state_path`: where the controller keeps its state after every decision; a controller
+        that finds it there (Ray restarted the actor after a crash, or the driver was run again)
+        goes on from it."""
         super().__init__()
         self.spec = spec
         table = dict(spec.throughputs)
@@ -56,6 +66,27 @@ class Controller(RecordQueue):
         self.evaluations: list[dict] = []
         self.pending: dict | None = None
         self._interval_start: float | None = None
+        self.restarts = 0
+        self.state_path = Path(state_path) if state_path else None
+        if self.state_path is not None and self.state_path.is_file():
+            self._recover(json.loads(self.state_path.read_text()))
+
+    def _recover(self, saved: dict) -> None:
+        self.history, self.evaluations = saved["history"], saved["evaluations"]
+        self.restart_cost_s, self.in_place_cost_s = saved["restart_cost_s"], saved["in_place_cost_s"]
+        self.reconfigure, self._interval_start = saved["reconfigure"], saved["interval_start"]
+        self.pending, self.restarts = saved["pending"], saved["restarts"] + 1
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        state = {"history": self.history[-self.HISTORY_KEPT:], "evaluations": self.evaluations[-self.EVALUATIONS_KEPT:],
+                 "restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s,
+                 "reconfigure": self.reconfigure, "interval_start": self._interval_start, "restarts": self.restarts,
+                 "pending": self.pending}
+        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
 
     def _b_noise(self, record: dict) -> float:
         b = record.get("b_noise")
@@ -89,6 +120,7 @@ class Controller(RecordQueue):
         if d is None:
             self.evaluations.append({"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise,
                                      "switch": False, "reason": "nothing to decide"})
+            self._save()
             return
         entry = {"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise, "switch": d.switch,
                  "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
@@ -99,10 +131,13 @@ class Controller(RecordQueue):
                             "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
                             "predicted_goodput": d.best.goodput, "current_predicted_goodput": d.current.goodput,
                             "predicted_throughput": d.best.throughput, "predicted_efficiency": d.best.efficiency}
+        self._save()
 
     def decision(self) -> dict | None:
         """The switch decided since the last call, if any (rank 0, at a step boundary)."""
         out, self.pending = self.pending, None
+        if out is not None:
+            self._save()
         return out
 
     def costs(self) -> SwitchCosts:
@@ -121,9 +156,10 @@ class Controller(RecordQueue):
             self.in_place_cost_s = seconds
         if fell_back:
             self.reconfigure = "restart"
+        self._save()
 
     def snapshot(self) -> dict:
-        return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s,
+        return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s, "restarts": self.restarts,
                 "reconfigure": self.reconfigure, "decisions": len(self.evaluations),
                 "steps_observed": len(self.history), "evaluations": self.evaluations[-200:]}
 

@@ -30,7 +30,8 @@ from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepar
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
 from copus.cluster.worker import gns_worker, train_worker
-from copus.config import ExperimentConfig
+from copus.train.faults import FaultSpecError, faults_from_env
+from copus.config import ConfigError, ExperimentConfig
 from copus.core.planner import Planner, change_kind
 from copus.core.policies import initial_config
 from copus.core.throughput import Config
@@ -40,11 +41,9 @@ from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storag
 from copus.tracking import Tracker, flatten
 
 PRINT_EVERY_S = 5.0
-# Fault injection: when set, an in-place layout change fails on rank 0 after the state has
-# moved (the `auto` mode then falls back to checkpoint-and-restart).
-RESHARD_FAULT_ENV = "COPUS_INJECT_RESHARD_FAILURE"
-
-
+CONTROLLER_STATE = "controller_state.json"
+RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
+SAMPLE_IDS_ENV = "COPUS_RECORD_SAMPLE_IDS"  # "1": step records carry the global batch's sample ids
 def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
     """`copus gns`: B_noise at the experiment's initial weights, measured on its Ray workers."""
     _, plan = prepare_plan(cfg)
@@ -78,6 +77,11 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                    b_noise_script: tuple | None = None, parent_run_id: str | None = None) -> dict:
     out = cfg.resolved_output_dir()
     tokens, plan = prepare_plan(cfg)
+    try:
+        faults = faults_from_env(out / "faults", cfg.cluster.num_workers)
+    except FaultSpecError as err:
+        raise ConfigError(str(err)) from None
+    record_sample_ids = os.environ.get(SAMPLE_IDS_ENV) == "1"
     if fresh:
         clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +92,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     if moved:
         echo(moved)
 
-    tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment)
+    tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
     if state.mlflow_run_id is None:
         params = flatten(cfg.model_dump(mode="json"))
         params.update({"data.fingerprint": tokens.fingerprint, "data.description": tokens.description})
@@ -107,21 +111,44 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
 
     # The controller outlives every worker group of this run: its history and restart-cost
     # estimate carry over relaunches.
-    actor = (GoodputController.options(name=f"copus-controller-{run_id}").remote(
-                 spec, state.restart_cost_s, state.in_place_cost_s, state.reconfigure)
+    # Ray restarts a controller that crashes (max_restarts); it recovers its state from
+    # CONTROLLER_STATE, which it rewrites after every decision.
+    actor = (GoodputController.options(name=f"copus-controller-{run_id}", max_restarts=-1).remote(
+                 spec, state.restart_cost_s, state.in_place_cost_s, state.reconfigure, str(out / CONTROLLER_STATE))
              if spec is not None else RunMonitor.remote())
-    fail_reshard = bool(os.environ.get(RESHARD_FAULT_ENV))
+    records_log = open(out / RECORDS_LOG, "a")
     clock_origin = time.time() - state.elapsed_s
-    view = {"last_val": None, "final": None, "last_print": 0.0, "awaiting": None, "cursor": 0}
+    view = {"last_val": None, "final": None, "last_print": 0.0, "awaiting": None, "cursor": (None, 0), "starts": 0,
+            "last_step": 0}
 
     def on_records(records: list[dict]) -> None:
         tracker.log_records(run_id, records)
         for record in records:
+            records_log.write(json.dumps(record) + "\n")
             kind = record["kind"]
+            if kind == "start":
+                view["starts"] += 1
+                if view["starts"] > 1:  # Ray Train restarted a failed worker group within this launch
+                    lost = max(view["last_step"] - record["step"], 0)
+                    state.worker_failures.append({"wall_clock_s": record["wall_clock_s"], "resumed_at_step": record["step"],
+                                                  "last_step_before": view["last_step"], "steps_lost": lost})
+                    echo(f"[{record['wall_clock_s']:.0f} s] a worker failed: Ray Train restarted the worker group, "
+                         f"resumed from the checkpoint at step {record['step']} in "
+                         f"dp{record['layout']['dp']}-tp{record['layout']['tp']}-pp{record['layout']['pp']} "
+                         f"({lost} steps to redo)")
+            elif kind == "step":
+                view["last_step"] = record["step"]
+            elif kind == "checkpoint_refused":
+                echo(f"warning: checkpoint {record['path']} refused ({record['reason']}); resuming from the newest "
+                     f"complete one before it")
             if kind == "eval":
                 view["last_val"] = record["val_loss"]
             elif kind == "end":
                 view["final"] = record
+            elif kind == "nonfinite":
+                echo(f"warning: step {record['step']}: non-finite loss {record['train_loss']} or gradient norm "
+                     f"{record['grad_norm']}: update skipped ({record['consecutive']} in a row, "
+                     f"{record['nonfinite_steps']} in this run)")
             elif kind == "reconfigure":
                 entry = {k: record.get(k) for k in ("step", "samples", "wall_clock_s", "from", "to", "in_place",
                                                     "fell_back", "reshard", "predicted_gain", "reason", "b_noise")}
@@ -166,13 +193,16 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
             launch_plan = replace(plan, dp=current.dp, tp=current.tp, pp=current.pp, gbs=current.gbs, mbs=current.mbs,
                                   reconfigure=state.reconfigure or cfg.reconfigure)
             trainer = make_trainer(cfg, train_worker, {"plan": launch_plan, "monitor": actor, "clock_origin": clock_origin,
-                                                       "adaptive": spec is not None, "fail_reshard": fail_reshard},
+                                                       "adaptive": spec is not None, "faults": faults,
+                                                       "record_sample_ids": record_sample_ids,
+                                                       "controller_timeout_s": cfg.policy.controller_timeout_s,
+                                                       "checkpoint_root": str(ray_storage(out) / RAY_RUN_NAME)},
                                    RunConfig(name=RAY_RUN_NAME, storage_path=str(ray_storage(out)),
                                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                                             failure_config=FailureConfig(max_failures=0)))
+                                             failure_config=FailureConfig(max_failures=cfg.cluster.max_failures)))
             echo(f"training {cfg.workload.model} on {cfg.cluster.num_workers} Ray workers ({current.label()}, "
                  f"policy {cfg.policy.name}); MLflow run {run_id}")
-            view["final"] = None
+            view["final"], view["starts"] = None, 0
             outcome = fit_and_drain(trainer, actor, on_records, view["cursor"])
             view["cursor"] = outcome["cursor"]
             if "error" in outcome:
@@ -190,6 +220,16 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         controller_state = ray.get(actor.snapshot.remote()) if spec is not None else None
     finally:
         ray.kill(actor)
+        records_log.close()
+
+    # The workers' own list is the reference: a record that never reached the driver (the
+    # controller, which carries records, crashed with it in its queue) is added from it.
+    seen = {(r["step"], json.dumps(r["to"], sort_keys=True)) for r in state.reconfigurations}
+    for r in final.get("reconfigurations", []):
+        if (r["step"], json.dumps(r["to"], sort_keys=True)) not in seen:
+            state.reconfigurations.append({**r, "change": change_kind(Config(**r["from"]), Config(**r["to"])),
+                                           "downtime_s": None, "record_lost": True})
+    state.reconfigurations.sort(key=lambda r: r["step"])
 
     # The final configuration: the layout and batch shape of the last step (in-place changes
     # happen inside a launch), or the last launch's when it took no step.
@@ -207,6 +247,9 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         "samples": final["samples"],
         "wall_clock_s": final["wall_clock_s"],
         "stop_reason": final["stop_reason"],
+        "nonfinite_steps": final.get("nonfinite_steps", 0),
+        "worker_failures": state.worker_failures,
+        "skipped_samples": final.get("skipped_samples", 0),
         "mlflow_run_id": run_id,
         "mlflow_tracking_uri": tracker.uri,
         "initial_layout": start.__dict__,

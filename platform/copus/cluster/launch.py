@@ -34,7 +34,8 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # tests and the quickstart deliberately run several gloo workers on 2 cores.
     needed = int(c.num_workers * c.cpus_per_worker + 0.999)
     # Worker logs stay in Ray's session logs unless COPUS_WORKER_LOGS=1; failures still surface
-    # through TrainingFailedError with the worker's traceback.
+    # through TrainingFailedError with the worker's traceback. No dashboard: the embedded
+    # cluster serves no HTTP (no job API) at all.
     ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
              log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1")
 
@@ -73,11 +74,13 @@ def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config
                         scaling_config=_scaling(cfg), run_config=run_config)
 
 
-def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None], cursor: int = 0) -> dict:
+def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None],
+                  cursor: tuple[str | None, int] = (None, 0)) -> dict:
     """Run `trainer.fit()` on a thread while handing the monitor's records, in order, to
-    `on_records` on this one (MLflow, progress), from index `cursor` of the monitor's records
-    on (a monitor that outlives several worker groups keeps its earlier records). Returns
-    {"result": Result} or {"error": exc}, and {"cursor": the index after the last record}."""
+    `on_records` on this one (MLflow, progress), from `cursor` on (a monitor that outlives
+    several worker groups keeps its earlier records). A monitor that died and is being
+    restarted by Ray is waited for, not fatal. Returns {"result": Result} or {"error": exc},
+    and {"cursor": the cursor after the last record}."""
     outcome: dict = {}
 
     def fit() -> None:
@@ -90,8 +93,10 @@ def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dic
     thread.start()
     while True:
         alive = thread.is_alive()
-        records = ray.get(monitor.drain.remote(cursor))
-        cursor += len(records)
+        try:
+            cursor, records = ray.get(monitor.drain.remote(cursor))
+        except ray.exceptions.RayActorError:  # restarting (max_restarts): records pushed meanwhile are lost
+            records = []
         on_records(records)
         if not alive:
             break

@@ -7,21 +7,29 @@ driver drains in order and logs to MLflow. Only the driver and workers talk to i
 
 from __future__ import annotations
 
+import uuid
+
 import ray
 
 
 class RecordQueue:
-    """Records in arrival order; the driver keeps its own cursor."""
+    """Records in arrival order; the driver keeps its own cursor. An actor restarted by Ray
+    starts an empty queue under a new incarnation id, and a cursor of the old one starts over."""
 
     def __init__(self) -> None:
         self._records: list[dict] = []
+        self.incarnation = uuid.uuid4().hex
 
     def push(self, record: dict) -> None:
         self._records.append(record)
 
-    def drain(self, start: int) -> list[dict]:
-        """Records from index `start` on."""
-        return self._records[start:]
+    def drain(self, cursor: tuple[str | None, int]) -> tuple[tuple[str, int], list[dict]]:
+        """Records after `cursor` (incarnation, index) and the cursor after them."""
+        incarnation, start = cursor
+        if incarnation != self.incarnation:
+            start = 0
+        out = self._records[start:]
+        return (self.incarnation, start + len(out)), out
 
 
 RunMonitor = ray.remote(num_cpus=0)(RecordQueue)

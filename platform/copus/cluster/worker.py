@@ -7,6 +7,8 @@ from pathlib import Path
 
 import ray.train
 
+from copus.train.checkpoint import newest_complete, resume_candidates
+from copus.train.faults import Faults
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
@@ -25,16 +27,45 @@ def train_worker(loop_config: dict) -> dict:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
 
     checkpoint = ray.train.get_checkpoint()
-    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
-        hooks = LoopHooks(persist_checkpoint=persist, resume_from=Path(resume_dir) if resume_dir else None,
-                          clock_origin=loop_config["clock_origin"], fail_reshard=loop_config.get("fail_reshard", False))
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as latest:
+        # A torn or corrupt latest checkpoint is refused and an older complete one used.
+        root = loop_config.get("checkpoint_root")
+        resume_dir, refused = newest_complete(resume_candidates(Path(latest) if latest else None,
+                                                                Path(root) if root else None))
+        if rank == 0:
+            for path, reason in refused:
+                monitor.push.remote({"kind": "checkpoint_refused", "path": str(path), "reason": reason})
+        hooks = LoopHooks(persist_checkpoint=persist, resume_from=resume_dir,
+                          clock_origin=loop_config["clock_origin"], faults=loop_config.get("faults", Faults()),
+                          record_sample_ids=loop_config.get("record_sample_ids", False))
         if rank == 0:  # only rank 0 speaks to the driver (and the controller)
             hooks.emit = emit
             if loop_config.get("adaptive"):
-                hooks.decide = lambda step, current: ray.get(monitor.decision.remote())
+                hooks.decide = _patient_decisions(monitor, loop_config.get("controller_timeout_s", 10.0))
         elif loop_config.get("adaptive"):
             hooks.decide = lambda step, current: None  # follows rank 0's broadcast
         return run_training(plan, hooks)
+
+
+def _patient_decisions(controller, timeout_s: float):
+    """Rank 0's question to the controller at a step boundary, answered within `timeout_s`:
+    a controller that crashed (and is being restarted) or hangs means no decision this time,
+    and training goes on in the current configuration."""
+    warned = {"down": False}
+
+    def decide(step: int, current) -> dict | None:
+        try:
+            decision = ray.get(controller.decision.remote(), timeout=timeout_s)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
+            if not warned["down"]:
+                print(f"copus: the controller did not answer at step {step} ({type(err).__name__}); "
+                      f"training goes on in {current.label()}", flush=True)
+            warned["down"] = True
+            return None
+        warned["down"] = False
+        return decision
+
+    return decide
 
 
 def gns_worker(loop_config: dict) -> dict:

@@ -1,10 +1,17 @@
-"""Checkpoints with torch.distributed.checkpoint (DCP).
+"""Checkpoints with torch.distributed.checkpoint (DCP), committed in three stages.
 
 A checkpoint directory holds:
   .metadata, __<rank>_0.distcp   model and optimiser state (DCP; keyed by parameter name,
                                  so it can be loaded into another layout)
-  trainer_state.json             step, samples, data position, target bookkeeping (rank 0)
   rng_rank<r>.pt                 each rank's RNG state
+  manifest_rank<r>.json          each rank's files with their sizes and SHA-256
+  trainer_state.json             step, samples, data position, target bookkeeping (rank 0)
+  COMPLETE                       written by rank 0 last, once every rank has re-read and
+                                 verified its files against its manifest
+
+Written, verified, then marked complete: a directory without COMPLETE, or whose files do not
+match the manifests (a crash mid-write, a torn upload, a corrupted disk), is refused on resume
+with the reason, and the newest complete checkpoint before it is used (`newest_complete`).
 
 Each rank may write into its own local directory: the file names never collide, and Ray
 Train merges the directories of all ranks into one checkpoint in storage.
@@ -17,10 +24,15 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from workloads.corpus import file_digest
+
 TRAINER_STATE = "trainer_state.json"
+COMPLETE = "COMPLETE"
+MANIFEST = "manifest_rank{rank}.json"
 # Optimiser state keyed per parameter name ("state.layers.0.attention.wq.weight.exp_avg"),
 # not by position in this rank's param groups: what lets another layout load it.
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -45,16 +57,84 @@ def apply_layout_free_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
 
 
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _manifest_problems(path: Path, manifest: dict) -> list[str]:
+    problems = []
+    for name, entry in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{name} missing")
+        elif f.stat().st_size != entry["size"]:
+            problems.append(f"{name} has {f.stat().st_size} bytes, {entry['size']} written")
+        elif file_digest(f) != entry["sha256"]:
+            problems.append(f"{name} does not match its SHA-256")
+    return problems
+
+
+def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict, rank: int) -> None:
-    """Collective: every rank calls it with the same trainer_state."""
+    """Collective: every rank calls it with the same trainer_state, each with a directory of
+    its own (Ray Train merges them in storage)."""
     path.mkdir(parents=True, exist_ok=True)
+    before = set(path.iterdir())
     dcp.save(layout_free_state(model, optimizer), checkpoint_id=str(path))
     torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
     if rank == 0:
-        tmp = path / f".{TRAINER_STATE}.tmp"
-        tmp.write_text(json.dumps(trainer_state, indent=2))
-        os.replace(tmp, path / TRAINER_STATE)
+        _write_json(path / TRAINER_STATE, trainer_state)
+    mine = sorted(p for p in set(path.iterdir()) - before if p.is_file() and not p.name.endswith(".tmp"))
+    manifest = {"rank": rank, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                "files": {p.name: {"size": p.stat().st_size, "sha256": file_digest(p)} for p in mine}}
+    _write_json(path / MANIFEST.format(rank=rank), manifest)
+    verified = not _manifest_problems(path, manifest)  # re-read what was written
+    device = next(model.parameters()).device
+    if _all_ranks_ok(verified, device) and rank == 0:
+        _write_json(path / COMPLETE, {"step": trainer_state.get("step"), "world_size": manifest["world_size"]})
+    if not verified:
+        raise CheckpointError(f"{path}: rank {rank}'s checkpoint files did not verify after writing")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_problems(path: Path) -> list[str]:
+    """Why `path` is not a complete checkpoint (empty when it is)."""
+    if not (path / COMPLETE).is_file():
+        return [f"not marked {COMPLETE} (a write that did not finish)"]
+    world = json.loads((path / COMPLETE).read_text())["world_size"]
+    problems = []
+    for rank in range(world):
+        m = path / MANIFEST.format(rank=rank)
+        if not m.is_file():
+            problems.append(f"{m.name} missing")
+            continue
+        problems += _manifest_problems(path, json.loads(m.read_text()))
+    return problems
+
+
+def newest_complete(candidates: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The first complete checkpoint of `candidates` (newest first), and the ones refused
+    before it with their reasons."""
+    refused = []
+    for path in candidates:
+        problems = checkpoint_problems(path)
+        if not problems:
+            return path, refused
+        refused.append((path, "; ".join(problems)))
+    return None, refused
 
 
 def read_trainer_state(path: Path) -> dict:
@@ -77,3 +157,14 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
     return trainer_state
+
+
+def resume_candidates(latest: Path | None, root: Path | None) -> list[Path]:
+    """Where to look for a checkpoint to resume from, newest first: the one Ray Train hands
+    over, then the older ones it kept in the run's storage (named checkpoint_<timestamp>)."""
+    if latest is None:
+        return []
+    older = []
+    if root is not None and root.is_dir():
+        older = sorted((p for p in root.glob("checkpoint_*") if p.is_dir() and p.name < latest.name), reverse=True)
+    return [latest] + older

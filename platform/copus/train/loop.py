@@ -36,9 +36,11 @@ from copus.core.throughput import Config
 from copus.core.layout import bubble_fraction
 from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import adam_preconditioner
-from copus.train.checkpoint import load_checkpoint, save_checkpoint
+from copus.parallel.grads import local_grad
+from copus.train.checkpoint import load_checkpoint, read_trainer_state, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
 from copus.train.engine import ParallelModel
+from copus.train.faults import Faults
 from copus.train.hardware import release_memory
 from copus.train.plan import OptimizerPlan, WorkerPlan
 from copus.train.reconfigure import ReshardFailed, reshard_in_place
@@ -67,9 +69,10 @@ class LoopHooks:
     # Asked on rank 0 at every step boundary with (step, current Config): the controller's
     # decision as {"config": {...}, ...} or None. Rank 0 broadcasts it; every rank follows.
     decide: Callable[[int, Config], dict | None] | None = None
-    # Fault injection (COPUS_INJECT_RESHARD_FAILURE): the in-place layout change fails on rank 0
-    # after the state has moved, to exercise the fallback to a restart.
-    fail_reshard: bool = False
+    # Injected faults (copus.train.faults): a failing in-place change, NaN gradients, a killed worker.
+    faults: Faults = field(default_factory=Faults)
+    # Rank 0 adds the global batch's sample indices to every step record (tests of sample accounting).
+    record_sample_ids: bool = False
 
 
 def world_rank_size() -> tuple[int, int]:
@@ -132,16 +135,25 @@ class StepResult:
     loss: float          # mean loss of the global batch (the same on every rank)
     grad_norm: float     # global gradient norm before clipping
     optimizer_time_s: float
+    skipped: bool = False  # the loss or the gradient was not finite: no update was made
 
 
 def train_step(model: ParallelModel, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
-               mbs: int, lr: float, grad_clip: float | None) -> StepResult:
-    """One optimiser step on this replica's samples (m x mbs of them); collective over all ranks."""
+               mbs: int, lr: float, grad_clip: float | None, poison: bool = False) -> StepResult:
+    """One optimiser step on this replica's samples (m x mbs of them); collective over all ranks.
+    A non-finite loss or gradient norm (both the same on every rank: the loss is averaged over
+    dp, the norm is global) skips the update on every rank. `poison` (fault injection) makes
+    this rank's first gradient NaN."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     micro_losses = model.forward_backward(inputs, targets, mbs)
+    if poison and model.params and local_grad(model.params[0]) is not None:
+        local_grad(model.params[0]).fill_(float("nan"))
     loss = float(_all_reduce(micro_losses.mean(), model.dp_group, model.dims.dp) / model.dims.dp)
     grad_norm = model.reduce_and_clip(grad_clip)
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss, grad_norm, 0.0, skipped=True)
     t = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -189,11 +201,25 @@ def build_replica(plan: WorkerPlan) -> tuple[ParallelModel, torch.optim.Optimize
     return model, optimizer, stream
 
 
+def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
+    """The plan a worker group resumes in. A checkpoint written to hand over to another layout
+    (a restart reconfiguration) is loaded into the plan's layout; any other one (Ray Train
+    restarting a failed group, which reuses the launch's plan) into the layout and batch shape
+    it was written in, the configuration the run had reached by in-place changes."""
+    layout = saved.get("layout")
+    if saved.get("reconfigure") or not layout or layout["dp"] * layout["tp"] * layout["pp"] != world:
+        return plan
+    return replace(plan, dp=layout["dp"], tp=layout["tp"], pp=layout["pp"], gbs=saved.get("gbs") or plan.gbs,
+                   mbs=saved.get("mbs") or plan.mbs)
+
+
 def run_training(plan: WorkerPlan, hooks: LoopHooks,
                  on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
     """Train until the stop rule fires. Returns the final state (identical on every rank).
     `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
-    rank, _ = world_rank_size()
+    rank, world = world_rank_size()
+    if hooks.resume_from is not None:
+        plan = resume_plan(plan, read_trainer_state(hooks.resume_from), world)
     model, optimizer, stream = build_replica(plan)
     dims, flavour, device, o = model.dims, FLAVOURS[plan.model], model.device, plan.optimizer
     gns = attach_gns(model, optimizer, plan)
@@ -202,7 +228,8 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
 
     state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
-             "last_val_loss": None, "last_val_step": None, "reconfigure": None, "layout": None}
+             "last_val_loss": None, "last_val_step": None, "reconfigure": None, "layout": None,
+             "nonfinite_steps": 0, "skipped_samples": 0, "reconfigurations": []}
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
@@ -244,6 +271,12 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                         "wall_clock_s": wall(), "eval_time_s": time.perf_counter() - t})
         return val
 
+    if rank == 0:  # every start of a worker group, a fresh one or one resuming from a checkpoint
+        hooks.emit({"kind": "start", "step": state["step"], "samples": state["samples"], "wall_clock_s": wall(),
+                    "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "gbs": plan.gbs, "mbs": plan.mbs,
+                    "resumed": hooks.resume_from is not None})
+    last_checkpoint_at = time.time()
+
     # A fresh run records the loss at the initial weights, the start of every loss curve.
     if state["step"] == 0:
         run_eval()
@@ -252,6 +285,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     # written under another layout and batch shape, which only the data position carries over.
     gbs, mbs = plan.gbs, plan.mbs
     stop_reason = None
+    nonfinite_run = 0  # consecutive skipped steps
     if state["time_to_target_s"] is not None:
         stop_reason = "target_val_loss"  # resumed a run that had already reached its target
     while stop_reason is None:
@@ -276,7 +310,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                     try:
                         model, optimizer, record["reshard"] = reshard_in_place(
                             model, optimizer, plan, target, lambda m: make_optimizer(m, o, plan.lr.base_lr),
-                            fail=hooks.fail_reshard)
+                            fail=hooks.faults.fail_reshard)
                     except ReshardFailed as err:
                         if plan.reconfigure == "in_place":
                             raise
@@ -286,6 +320,8 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                         plan = replace(plan, dp=target.dp, tp=target.tp, pp=target.pp)
                         attach_probe(model, optimizer, plan)
                         release_memory(device)  # the old layout's tensors, now unreferenced
+                state["reconfigurations"].append({"step": state["step"], "samples": state["samples"],
+                                                  "from": current.__dict__, "to": target.__dict__, "in_place": in_place})
                 if rank == 0:
                     hooks.emit({**record, "in_place": in_place})
                 if not in_place:  # checkpoint and hand back to the driver, which relaunches
@@ -297,12 +333,33 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         t_step = time.perf_counter()
         gain = adascale_gain(gns.grad_sqr, gns.grad_var, gns.reference_gbs, gbs) if gns is not None and gns.ready else None
         lr = plan.lr.lr(state["samples"], gbs, gain)
-        batch = replica_batch(stream.next_global_batch(gbs), model.dp_rank, plan.dp, mbs)
+        global_batch = stream.next_global_batch(gbs)
+        batch = replica_batch(global_batch, model.dp_rank, plan.dp, mbs)
         m = len(batch.microbatches)
         inputs, targets = train_windows.batch(batch.sample_indices)
-        result = train_step(model, optimizer, inputs, targets, mbs, lr, o.grad_clip)
-        if not math.isfinite(result.loss):
-            raise NonFiniteLossError(f"non-finite training loss at step {state['step'] + 1}")
+        hooks.faults.maybe_kill(state["step"] + 1, rank)
+        result = train_step(model, optimizer, inputs, targets, mbs, lr, o.grad_clip,
+                            poison=state["step"] + 1 in hooks.faults.poison_steps)
+        if result.skipped:
+            # No update, GNS untouched; the samples were consumed (the data position moves on,
+            # as a resumed run would) and are counted as skipped.
+            state["step"] += 1
+            state["samples"] += gbs
+            state["nonfinite_steps"] += 1
+            state["skipped_samples"] += gbs
+            nonfinite_run += 1
+            if rank == 0:
+                hooks.emit({"kind": "nonfinite", "step": state["step"], "samples": state["samples"],
+                            "train_loss": result.loss, "grad_norm": result.grad_norm, "wall_clock_s": wall(),
+                            "consecutive": nonfinite_run, "nonfinite_steps": state["nonfinite_steps"]})
+            if nonfinite_run > plan.stop.max_nonfinite_steps:
+                checkpoint()  # the weights are the last finite ones: a usable checkpoint
+                raise NonFiniteLossError(
+                    f"stop.max_nonfinite_steps: {nonfinite_run} consecutive steps with a non-finite loss or gradient "
+                    f"(last at step {state['step']}, loss {result.loss}, gradient norm {result.grad_norm}); the "
+                    f"checkpoint at step {state['step']} holds the last finite weights")
+            continue
+        nonfinite_run = 0
         if gns is not None and model.last_norms is not None:
             n = model.last_norms
             gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big)  # same numbers on every rank
@@ -322,13 +379,18 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                         "optimizer_time_s": result.optimizer_time_s, "grad_norm": result.grad_norm,
                         "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
                         "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
-                        "wall_clock_s": wall(), **(gns.summary(gbs) if gns is not None and gns.ready else {})})
+                        "wall_clock_s": wall(), **(gns.summary(gbs) if gns is not None and gns.ready else {}),
+                        **({"sample_ids": global_batch.tolist()} if hooks.record_sample_ids else {})})
         if state["step"] % plan.eval_every_steps == 0:
             val = run_eval()
             if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:
                 stop_reason = "target_val_loss"
-        if stop_reason is None and state["step"] % plan.checkpoint_every_steps == 0:
+        due = state["step"] % plan.checkpoint_every_steps == 0
+        if plan.checkpoint_every_s is not None:  # rank 0's clock decides for all
+            due = _broadcast_flag(due or time.time() - last_checkpoint_at >= plan.checkpoint_every_s, device)
+        if stop_reason is None and due:
             checkpoint()
+            last_checkpoint_at = time.time()
 
     if state["last_val_step"] != state["step"] and stop_reason != "reconfigure":
         run_eval()  # the final model's validation loss, always measured (not when only the layout changes)

@@ -21,6 +21,7 @@ class StopRule:
     max_steps: int | None = None
     max_samples: int | None = None
     max_wall_clock_s: float | None = None
+    max_nonfinite_steps: int = 3   # consecutive skipped (non-finite) steps tolerated before the run stops
 
     def budget_reason(self, steps: int, samples: int, wall_clock_s: float) -> str | None:
         """Why the budget is spent after this step, or None."""
@@ -71,6 +72,7 @@ class WorkerPlan:
     eval_every_steps: int = 20
     val_samples: int = 64
     checkpoint_every_steps: int = 50
+    checkpoint_every_s: float | None = None
     report_every_steps: int = 1
     use_gpu: bool = False
     mixed_precision: str = "no"
@@ -97,11 +99,13 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         pp_schedule=cfg.parallel.pp_schedule,
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
-        stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s),
+        stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s,
+                      cfg.stop.max_nonfinite_steps),
         gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition, cfg.batch.gbs),
         eval_every_steps=cfg.eval.every_steps,
         val_samples=cfg.eval.val_samples,
         checkpoint_every_steps=cfg.checkpoint.every_steps,
+        checkpoint_every_s=cfg.checkpoint.every_s,
         report_every_steps=cfg.cluster.report_every_steps,
         use_gpu=cfg.cluster.use_gpu,
         mixed_precision=cfg.cluster.mixed_precision,

@@ -1,0 +1,90 @@
+"""Time a crash costs, measured in one invocation on the quickstart:
+
+1. a worker killed (SIGKILL) mid-run: static policy, clean run against a run where rank 1 dies
+   as step KILL_STEP starts (after a 5 s pause that lets Ray register the last checkpoint). Ray
+   Train restarts the worker group from the last checkpoint (every 100 steps here); the cost is
+   the group restart and reload plus the steps redone.
+2. the controller killed mid-run: copus policy (a 60 s profile first, shared by both runs),
+   clean run against a run whose controller actor is killed (as if its process crashed) 15 s
+   into training. Ray restarts it, it recovers its state from its file; training goes on
+   meanwhile, so the cost is only what the controller's decisions are late by.
+
+    .venv/bin/python bench/faults.py          # about 6 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import ray
+
+from copus.cluster.driver import run_experiment
+from copus.config import load_config
+
+
+def _line(name: str, s: dict) -> str:
+    ttt = f"{s['time_to_target_s']:.1f} s" if s["reached_target"] else "not reached"
+    return f"{name:<22} time to target {ttt:>10}, {s['steps']} steps, {len(s['reconfigurations'])} reconfigurations"
+
+
+def _lost(clean: dict, hit: dict) -> str:
+    if not (clean["reached_target"] and hit["reached_target"]):
+        return "n/a (a run missed the target)"
+    lost = hit["time_to_target_s"] - clean["time_to_target_s"]
+    return f"{lost:.1f} s ({lost / clean['time_to_target_s']:+.0%} of the clean run)"
+
+
+def _kill_controller_after(seconds: float, out: Path) -> None:
+    log = out / "records.jsonl"
+    while not (log.is_file() and '"kind": "step"' in log.read_text()):
+        time.sleep(0.5)
+    time.sleep(seconds)
+    for name in ray.util.list_named_actors():
+        if name.startswith("copus-controller-"):
+            ray.kill(ray.get_actor(name), no_restart=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kill-step", type=int, default=150)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="copus-bench-faults-"))
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    common = [f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "tracking.experiment=bench-faults",
+              f"profile.table_dir={root / 'profiles'}", "profile.budget_s=60"]
+
+    def run(name: str, extra: list[str], kill_env: str | None = None, controller_kill: bool = False) -> dict:
+        cfg = load_config("experiments/quickstart.yaml", common + extra + [f"output_dir={root / name}"])
+        if kill_env:
+            os.environ["COPUS_INJECT_WORKER_KILL"] = kill_env
+        killer = threading.Thread(target=_kill_controller_after, args=(15.0, root / name), daemon=True)
+        if controller_kill:
+            killer.start()
+        try:
+            return run_experiment(cfg, fresh=True, echo=lambda line: None)
+        finally:
+            os.environ.pop("COPUS_INJECT_WORKER_KILL", None)
+
+    clean = run("static-clean", [])
+    killed = run("static-worker-killed", [], kill_env=str(args.kill_step))
+    copus_clean = run("copus-clean", ["policy.name=copus", "policy.interval_s=15"])
+    copus_hit = run("copus-controller-killed", ["policy.name=copus", "policy.interval_s=15"], controller_kill=True)
+    ray.shutdown()
+    print(_line("static", clean))
+    print(_line("static, worker killed", killed))
+    for f in killed["worker_failures"]:
+        print(f"  killed at step {args.kill_step}: resumed at step {f['resumed_at_step']}, {f['steps_lost']} steps redone")
+    print(_line("copus", copus_clean))
+    print(_line("copus, controller killed", copus_hit))
+    print(f"  controller restarts: {copus_hit['controller']['restarts']}")
+    print(f"time lost to one worker kill: {_lost(clean, killed)}")
+    print(f"time lost to one controller kill: {_lost(copus_clean, copus_hit)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Fault injection for tests, benchmarks and users who want to see recovery work: what the
+driver reads from its environment and hands the workers as plain values.
+
+    COPUS_INJECT_WORKER_KILL=STEP[:RANK]   rank RANK (default 1, or 0 on one worker) kills its own
+                                           process with SIGKILL as step STEP starts, once per run
+    COPUS_INJECT_NONFINITE_STEPS=5,6       these steps' gradients are made NaN (the loop skips them)
+    COPUS_INJECT_RESHARD_FAILURE=1         an in-place layout change fails on rank 0 after the state moved
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KILL_ENV = "COPUS_INJECT_WORKER_KILL"
+NONFINITE_ENV = "COPUS_INJECT_NONFINITE_STEPS"
+RESHARD_ENV = "COPUS_INJECT_RESHARD_FAILURE"
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Faults:
+    fail_reshard: bool = False
+    poison_steps: frozenset[int] = field(default_factory=frozenset)
+    kill_step: int | None = None
+    kill_rank: int = 1
+    kill_marker: str | None = None   # created before the kill: a restarted group does not kill again
+    # The doomed rank waits this long before dying (its peers wait in the step's collectives):
+    # Ray Train registers a reported checkpoint when its controller next polls the workers
+    # (every few seconds), so a kill right after a checkpoint could find it unregistered; on a
+    # real cluster checkpoints are minutes apart.
+    kill_delay_s: float = 5.0
+
+    def maybe_kill(self, step: int, rank: int) -> None:
+        """SIGKILL this process if it is the chosen rank at the chosen step, the first time."""
+        if self.kill_step != step or self.kill_rank != rank or self.kill_marker is None:
+            return
+        marker = Path(self.kill_marker)
+        if marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"rank {rank} killed at step {step}\n")
+        time.sleep(self.kill_delay_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def faults_from_env(marker_dir: Path, world: int, environ=os.environ) -> Faults:
+    """The faults the environment asks for; a malformed value is one line naming the variable."""
+    def steps(name: str) -> frozenset[int]:
+        text = environ.get(name, "").strip()
+        try:
+            return frozenset(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise FaultSpecError(f"{name}: expected comma-separated step numbers, got {text!r}") from None
+
+    kill_step, kill_rank = None, min(1, world - 1)
+    kill = environ.get(KILL_ENV, "").strip()
+    if kill:
+        try:
+            step_text, _, rank_text = kill.partition(":")
+            kill_step, kill_rank = int(step_text), int(rank_text) if rank_text else kill_rank
+        except ValueError:
+            raise FaultSpecError(f"{KILL_ENV}: expected STEP or STEP:RANK, got {kill!r}") from None
+        if not 0 <= kill_rank < world:
+            raise FaultSpecError(f"{KILL_ENV}: rank {kill_rank} is not one of the {world} workers")
+    return Faults(fail_reshard=bool(environ.get(RESHARD_ENV)), poison_steps=steps(NONFINITE_ENV),
+                  kill_step=kill_step, kill_rank=kill_rank,
+                  kill_marker=str(marker_dir / f"killed-at-step-{kill_step}") if kill_step is not None else None)
