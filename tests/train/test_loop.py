@@ -95,3 +95,9 @@ def test_a_restarted_group_resumes_in_the_configuration_its_checkpoint_was_writt
     assert resume_plan(plan, handover, world=2) == plan  # the driver relaunched into the plan's layout
     assert resume_plan(plan, reached, world=4) == plan   # another world size: the driver chose the layout
     assert resume_plan(plan, {"step": 3}, world=2) == plan  # an older checkpoint without a layout
+
+
+def test_checkpoints_also_follow_the_wall_clock(token_cache, tmp_path):
+    plan = small_plan(token_cache, stop=StopRule(max_steps=3), checkpoint_every_steps=100, checkpoint_every_s=1e-6)
+    run_local(plan, tmp_path / "ck")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step1", "step2", "step3"]

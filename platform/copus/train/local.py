@@ -4,11 +4,15 @@ for debugging a workload before putting it on a cluster."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from copus.core.throughput import Config
@@ -45,3 +49,31 @@ def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
                       batch_size=batch_size, decide=decide, faults=faults)
     final = run_training(plan, hooks, on_finish=keep_params)
     return records, final, params
+
+
+def _rank_main(rank: int, world: int, init_file: str, out_file: str, fn: Callable, args: tuple) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    # accelerate reads the process layout from the environment, as under torchrun or Ray.
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world)})
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(fn(*args), f"{out_file}.{rank}")
+        dist.barrier()  # nobody tears down while a peer still talks
+    finally:
+        dist.destroy_process_group()
+    # Skip interpreter teardown: once in CI a finished rank aborted there ("terminate called
+    # without an active exception", gloo threads at exit) after its result was saved.
+    os._exit(0)
+
+
+def run_on_gloo_ranks(world: int, fn: Callable, *args) -> list:
+    """Run fn(*args) on `world` local gloo processes (fn must be importable); return every
+    rank's result. With world 1 it runs here, without a process group. Tests and benchmarks."""
+    if world == 1:
+        return [fn(*args)]
+    tmp = tempfile.mkdtemp(prefix="copus-spawn-")
+    out = os.path.join(tmp, "out")
+    mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), out, fn, args), nprocs=world, join=True)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
