@@ -38,8 +38,9 @@ def _assert_matches(reference_records, reference_params, records, params):
         torch.testing.assert_close(params[name], value, rtol=1e-3, atol=1e-6, msg=name)
 
 
-# Every layout with 1F1B, and GPipe wherever there are pipeline stages for it to schedule.
-CASES = [(layout, "1f1b") for layout in LAYOUTS] + [(layout, "gpipe") for layout in LAYOUTS if layout[2] > 1]
+# Every layout with 1F1B; GPipe on the plain pipeline and on the full 3D layout (the schedule
+# is independent of dp and tp, which the 1F1B cases cover).
+CASES = [(layout, "1f1b") for layout in LAYOUTS] + [((1, 1, 2), "gpipe"), ((2, 2, 2), "gpipe")]
 
 
 @pytest.mark.parametrize("layout,schedule", CASES, ids=[f"dp{d}-tp{t}-pp{p}-{s}" for (d, t, p), s in CASES])
