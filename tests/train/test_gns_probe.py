@@ -65,8 +65,8 @@ def test_estimate_is_within_15_percent_of_per_example_brute_force(trained):
 
 # GBS 32: with dp = 1 the small batch is the first micro-batch (B_small = MBS), with dp = 2 a
 # replica's half of the batch (B_small = 16, whatever the MBS).
-LAYOUTS = [((1, 1, 1), 16), ((1, 2, 1), 16), ((1, 1, 2), 16), ((2, 1, 1), 16), ((2, 1, 1), 4), ((2, 2, 2), 4),
-           ((1, 1, 1), 8)]
+# (tp alone is covered by (2,2,2) against (2,1,1): sharding over tp and pp together changes nothing.)
+LAYOUTS = [((1, 1, 1), 16), ((1, 1, 2), 16), ((2, 1, 1), 16), ((2, 1, 1), 4), ((2, 2, 2), 4), ((1, 1, 1), 8)]
 
 
 def test_estimate_is_the_same_across_layouts_and_micro_batch_sizes(trained):
@@ -77,7 +77,6 @@ def test_estimate_is_the_same_across_layouts_and_micro_batch_sizes(trained):
         estimates[(dp, tp, pp, mbs)] = spawn(dp * tp * pp, measure_gns, layout_plan, 200, ckpt)[0]["b_noise"]
     # Sharding changes no number: tp and pp give the single-process estimate itself, and with
     # dp = 2 the micro-batch size does not enter the estimate.
-    assert estimates[(1, 2, 1, 16)] == pytest.approx(estimates[(1, 1, 1, 16)], rel=1e-3)
     assert estimates[(1, 1, 2, 16)] == pytest.approx(estimates[(1, 1, 1, 16)], rel=1e-3)
     assert estimates[(2, 1, 1, 4)] == pytest.approx(estimates[(2, 1, 1, 16)], rel=1e-3)
     assert estimates[(2, 2, 2, 4)] == pytest.approx(estimates[(2, 1, 1, 16)], rel=1e-3)
