@@ -19,6 +19,9 @@ from copus.config import ConfigError, ExperimentConfig
 from copus.core.throughput import Config
 
 RUN_STATE = "run_state.json"
+CONTROLLER_STATE = "controller_state.json"
+RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
+FAULT_MARKERS = "faults"       # fault-injection markers (copus.train.faults)
 RAY_STORAGE = "ray"
 RAY_RUN_NAME = "train"
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
@@ -56,8 +59,8 @@ def ray_storage(output_dir: Path) -> Path:
 def clear_run(output_dir: Path) -> None:
     """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
     shutil.rmtree(ray_storage(output_dir), ignore_errors=True)
-    shutil.rmtree(output_dir / "faults", ignore_errors=True)  # fault-injection markers
-    for name in (RUN_STATE, "summary.json", "records.jsonl", "controller_state.json"):
+    shutil.rmtree(output_dir / FAULT_MARKERS, ignore_errors=True)
+    for name in (RUN_STATE, "summary.json", RECORDS_LOG, CONTROLLER_STATE):
         (output_dir / name).unlink(missing_ok=True)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from copus.core.schedule import LRSchedule
 from copus.train.local import run_local, run_on_gloo_ranks
@@ -28,9 +27,7 @@ def shapes_hook(shapes: dict[int, tuple[int, int]] | None):
     return lambda step, samples, gbs, mbs: shapes.get(step, (gbs, mbs))
 
 
-def spawn(world: int, fn: Callable, *args) -> list:
-    """Run fn(*args) on `world` gloo ranks (fn must be importable); return every rank's result."""
-    return run_on_gloo_ranks(world, fn, *args)
+spawn = run_on_gloo_ranks  # fn(*args) on N gloo ranks, every rank's result
 
 
 def _train(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None, shapes: dict | None):

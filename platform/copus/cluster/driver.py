@@ -30,20 +30,20 @@ from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepar
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
 from copus.cluster.worker import gns_worker, train_worker
-from copus.train.faults import FaultSpecError, faults_from_env
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.planner import Planner, change_kind
 from copus.core.policies import initial_config
 from copus.core.throughput import Config
 from copus.progress import progress_line, reconfiguration_line, summary_text
-from copus.run_state import (RAY_RUN_NAME, clear_run, load_run_state, ray_storage, resume_config, resume_key,
-                             save_run_state)
+from copus.run_state import (CONTROLLER_STATE, FAULT_MARKERS, RAY_RUN_NAME, RECORDS_LOG, clear_run, load_run_state,
+                             ray_storage, resume_config, resume_key, save_run_state)
 from copus.tracking import Tracker, flatten
+from copus.train.faults import FaultSpecError, faults_from_env
 
 PRINT_EVERY_S = 5.0
-CONTROLLER_STATE = "controller_state.json"
-RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
 SAMPLE_IDS_ENV = "COPUS_RECORD_SAMPLE_IDS"  # "1": step records carry the global batch's sample ids
+
+
 def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
     """`copus gns`: B_noise at the experiment's initial weights, measured on its Ray workers."""
     _, plan = prepare_plan(cfg)
@@ -78,7 +78,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     out = cfg.resolved_output_dir()
     tokens, plan = prepare_plan(cfg)
     try:
-        faults = faults_from_env(out / "faults", cfg.cluster.num_workers)
+        faults = faults_from_env(out / FAULT_MARKERS, cfg.cluster.num_workers)
     except FaultSpecError as err:
         raise ConfigError(str(err)) from None
     record_sample_ids = os.environ.get(SAMPLE_IDS_ENV) == "1"
@@ -126,6 +126,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         for record in records:
             records_log.write(json.dumps(record) + "\n")
             kind = record["kind"]
+            if kind == "step":
+                view["last_step"] = record["step"]
             if kind == "start":
                 view["starts"] += 1
                 if view["starts"] > 1:  # Ray Train restarted a failed worker group within this launch
@@ -136,12 +138,10 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                          f"resumed from the checkpoint at step {record['step']} in "
                          f"dp{record['layout']['dp']}-tp{record['layout']['tp']}-pp{record['layout']['pp']} "
                          f"({lost} steps to redo)")
-            elif kind == "step":
-                view["last_step"] = record["step"]
             elif kind == "checkpoint_refused":
                 echo(f"warning: checkpoint {record['path']} refused ({record['reason']}); resuming from the newest "
                      f"complete one before it")
-            if kind == "eval":
+            elif kind == "eval":
                 view["last_val"] = record["val_loss"]
             elif kind == "end":
                 view["final"] = record

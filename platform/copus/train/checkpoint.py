@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from copus.parallel.agree import all_ranks_ok
 from workloads.corpus import file_digest
 
 TRAINER_STATE = "trainer_state.json"
@@ -76,14 +77,6 @@ def _manifest_problems(path: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
-    if not (dist.is_available() and dist.is_initialized()):
-        return ok
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict, rank: int) -> None:
     """Collective: every rank calls it with the same trainer_state, each with a directory of
@@ -100,7 +93,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     _write_json(path / MANIFEST.format(rank=rank), manifest)
     verified = not _manifest_problems(path, manifest)  # re-read what was written
     device = next(model.parameters()).device
-    if _all_ranks_ok(verified, device) and rank == 0:
+    if all_ranks_ok(verified, device) and rank == 0:
         _write_json(path / COMPLETE, {"step": trainer_state.get("step"), "world_size": manifest["world_size"]})
     if not verified:
         raise CheckpointError(f"{path}: rank {rank}'s checkpoint files did not verify after writing")

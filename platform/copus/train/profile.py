@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from copus.core.throughput import Config
+from copus.parallel.agree import agree
 from copus.train.data import replica_batch
 from copus.train.hardware import release_memory
 from copus.train.loop import attach_gns, build_replica, train_step, world_rank_size
@@ -68,14 +69,6 @@ class _StepClock:
         return time.perf_counter() - t
 
 
-def _agree(value: float, device: torch.device, op=dist.ReduceOp.MAX) -> float:
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
-    return float(t.item())
-
-
 def _layout_groups(points: tuple[Config, ...]) -> list[tuple[tuple[int, int, int], list[Config]]]:
     """Consecutive points of the same layout share one model build."""
     groups: list[tuple[tuple[int, int, int], list[Config]]] = []
@@ -105,7 +98,7 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
         try:
             for cfg in group:
                 stop = time.time() >= job.deadline
-                if _agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
+                if agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
                     return {"measured": done, "stopped": "budget"}
                 if rank == 0:
                     emit({"kind": "profile_start", "config": cfg.__dict__})
@@ -124,11 +117,11 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                         dist.barrier()
                     elapsed = clock.time(partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr,
                                                  plan.optimizer.grad_clip))
-                    elapsed = _agree(elapsed, model.device)
-                    warming = i < job.warmup_steps or _agree(float(time.time() < settle_until), model.device) > 0
+                    elapsed = agree(elapsed, model.device)
+                    warming = i < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0
                     (warmup if warming else times).append(elapsed)
                     i += 1
-                peak = _agree(float(torch.cuda.max_memory_allocated(model.device)), model.device) if cuda else None
+                peak = agree(float(torch.cuda.max_memory_allocated(model.device)), model.device) if cuda else None
                 step = statistics.median(times)
                 done += 1
                 if rank == 0:

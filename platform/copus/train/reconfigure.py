@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from copus.core.throughput import Config
+from copus.parallel.agree import all_ranks_ok
 from copus.parallel.dims import ParallelDims, clear_mesh_caches
 from copus.parallel.reshard import redistribute
 from copus.train.checkpoint import apply_layout_free_state, layout_free_state
@@ -41,12 +42,6 @@ class InjectedReshardFault(RuntimeError):
 def _flat(state: dict) -> dict:
     """{"model": {...}, "optim": {...}} as one dict of the same tensor objects."""
     return {f"{part}/{key}": value for part, values in state.items() for key, value in values.items()}
-
-
-def _all_ok(ok: bool, device: torch.device) -> bool:
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def reshard_in_place(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: WorkerPlan, target: Config,
@@ -74,7 +69,7 @@ def reshard_in_place(model: ParallelModel, optimizer: torch.optim.Optimizer, pla
         apply_layout_free_state(new_model.module, new_optimizer, new_state)
     except Exception as err:  # reported to every rank below, then raised as ReshardFailed
         error = err
-    if not _all_ok(error is None, model.device):
+    if not all_ranks_ok(error is None, model.device):
         if new_model is not None:
             new_model.close()
         new_model = new_optimizer = None
