@@ -3,6 +3,7 @@ setting's target loss, every policy, step by step (target: under 10 s on this ma
 
     .venv/bin/python bench/simulate.py
     .venv/bin/python bench/simulate.py --setting experiments/sim/paper_llama-2-7b_4x8-mi210.yaml
+    .venv/bin/python bench/simulate.py --set estimate.mapping_error=4 --set estimate.noise=0.3
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from copus.sim_config import load_sim_config, setting_from
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", default="experiments/sim/paper_qwen-2.5-32b_4x8-h100.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of the simulation YAML (repeatable), as copus simulate --set")
     args = parser.parse_args()
-    cfg = load_sim_config(args.setting)
+    cfg = load_sim_config(args.setting, args.overrides)
     t0 = time.perf_counter()
     setting = setting_from(cfg)
     space = search_space(setting)
     t_space = time.perf_counter() - t0
-    print(f"{cfg.name}: {len(space[0])} feasible configurations scored in {t_space:.2f} s")
+    print(f"{cfg.name}: {len(space[0])} feasible configurations scored in {t_space:.2f} s; truth: "
+          f"{setting.critical.source}; planner's mapping error x{cfg.estimate.mapping_error:g}")
     total = t_space
     for policy in cfg.policies:
         t = time.perf_counter()

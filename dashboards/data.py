@@ -1,5 +1,6 @@
 """What a report shows, read back from MLflow: one `RunSeries` per training run (a policy of a
-comparison, or a single run), each metric as (step, value) series, wall-clock per step."""
+comparison, or a single run), each metric as (step, value) series, wall-clock per step; and the
+calibrations (`copus calibrate`, calibration-<id>.json) of a profile directory, read as they are."""
 
 from __future__ import annotations
 
@@ -40,12 +41,21 @@ class RunSeries:
         return xs, ys
 
 
+def audited_changes(run: RunSeries) -> list[dict]:
+    """The run's changes of GBS that summary.json audits (`copus.core.audit`): each carries
+    `predicted_efficiency_gain` (the controller's SE(new)/SE(old)) and `realized_efficiency_gain`
+    (progress per sample after/before at matched loss), either possibly None."""
+    return [r for r in run.summary.get("reconfigurations") or []
+            if "realized_efficiency_gain" in r and (r.get("from") or {}).get("gbs") != (r.get("to") or {}).get("gbs")]
+
+
 @dataclass
 class ReportData:
     title: str
     runs: list[RunSeries]
     comparison: dict | None
     target: float | None
+    calibrations: list[dict] = field(default_factory=list)  # calibration files, as `load_calibration` reads them
 
 
 def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
@@ -58,6 +68,31 @@ def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
     except Exception:  # a run that did not finish has no summary: plot what it logged
         pass
     return RunSeries(run.info.run_name or run_id, run.data.tags.get("policy", "?"), run_id, metrics, summary)
+
+
+def load_calibration(path: Path) -> dict:
+    """A calibration file of `copus calibrate` (its dict, with `path` added); ReportError with
+    one line when the file is not one. Values not measured are null (None) in it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportError(f"{path}: not a readable calibration file ({type(err).__name__})") from None
+    if not isinstance(data, dict) or (data.get("key") or {}).get("kind") != "calibration" \
+            or not isinstance(data.get("branch_points"), list):
+        raise ReportError(f"{path}: not a calibration file (no key.kind 'calibration' and branch_points)")
+    return {**data, "path": str(path)}
+
+
+def calibrations_in(directory: Path) -> list[dict]:
+    """The calibrations in an output directory's profiles/ folder (none: an empty list). A file
+    there that is not a calibration is passed over: it does not stop the run's report."""
+    found = []
+    for path in sorted((Path(directory) / "profiles").glob("calibration-*.json")):
+        try:
+            found.append(load_calibration(path))
+        except ReportError:
+            continue
+    return found
 
 
 def load(source: str, tracking_uri: str | None) -> ReportData:
@@ -98,4 +133,4 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
-    return ReportData(title, runs, comparison, target)
+    return ReportData(title, runs, comparison, target, calibrations_in(path) if path.is_dir() else [])

@@ -1,5 +1,7 @@
 """`copus report`: one self-contained HTML file (inline SVG plots, inline CSS, no network)
-from a comparison's or a run's MLflow data.
+from a comparison's or a run's MLflow data, with a section per calibration found in the output
+directory's profiles/; or, given a calibration file (calibration-<id>.json of `copus calibrate`),
+a report of that calibration alone (no MLflow).
 
 The page carries a small script that checks, in the browser, that every figure rendered
 (an <svg> with a non-empty box) and records the count on <body data-plots-rendered>, which is
@@ -12,8 +14,9 @@ import html
 import time
 from pathlib import Path
 
-from dashboards.data import ReportData, load
-from dashboards.plots import FIGURES
+from copus.core.calibration import FIT_P_MIN
+from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration
+from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
@@ -32,6 +35,11 @@ window.addEventListener('load', function () {
 
 def _fmt(v, spec: str = ".1f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    cells = "".join(f"<tr>{''.join(f'<td>{html.escape(str(c))}</td>' for c in row)}</tr>" for row in rows)
+    return f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{cells}</table>"
 
 
 def results_table(data: ReportData) -> str:
@@ -55,6 +63,93 @@ def results_table(data: ReportData) -> str:
     return f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>"
 
 
+def audit_section(data: ReportData) -> str:
+    """The "predicted vs realized" panel: per audited change of GBS, the controller's predicted
+    gain in statistical efficiency against the one read off the loss curve, as a plot and a
+    table; empty when no run has an audited change."""
+    rows = []
+    for run in data.runs:
+        for r in audited_changes(run):
+            interval = r.get("realized_efficiency_interval")
+            rows.append([run.policy if run.policy != "?" else run.name, str(r.get("step")),
+                         f"{r['from']['gbs']} -> {r['to']['gbs']}", _fmt(r.get("predicted_efficiency_gain"), ".3f"),
+                         _fmt(r.get("realized_efficiency_gain"), ".3f"),
+                         f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-", r.get("audit_note") or ""])
+    if not rows:
+        return ""
+    svg = efficiency_audit(data)
+    figure = f'<figure class="plot" data-plot="efficiency-audit">{svg}</figure>' if svg else ""
+    head = ["run", "step", "GBS", "predicted gain", "realized gain", "95% interval", "note"]
+    cells = "".join(f"<tr>{''.join(f'<td>{html.escape(str(c))}</td>' for c in row)}</tr>" for row in rows)
+    return ("<h2>Predicted vs realized statistical efficiency</h2><p class='note'>At each change of GBS: the "
+            "controller's predicted SE(new)/SE(old) against the realized gain, progress per sample after the "
+            "change over before it at matched loss, fitted to the train-loss curve (copus.core.audit).</p>"
+            f"{figure}<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>")
+
+
+def _size(v) -> str:
+    """A batch size or noise scale: three significant digits, whole numbers from 1000 on."""
+    return _fmt(v, ".0f" if v is not None and abs(v) >= 1000 else ".3g")
+
+
+def _branch_row(i: int, b: dict) -> list:
+    low, high = b.get("b_crit_low"), b.get("b_crit_high")
+    run = b.get("b_noise_run")
+    return [str(i), _fmt(b.get("samples_seen"), ".0f"), _fmt(b.get("val_loss"), ".3f"), _size(b.get("b_crit")),
+            f"{_size(low)} - {_size(high)}" if low is not None or high is not None else "-",
+            _fmt(b.get("chi2_p"), ".3f"), "accepted" if b.get("fit_ok") else "rejected: curve kept",
+            _size(b.get("b_noise")), _size(b.get("b_noise_adam")), _size(run),
+            _size(None if run is None else CONFIGURED_FACTOR * run), _fmt(b.get("c"), ".3g")]
+
+
+def _samples_table(cal: dict) -> str:
+    """E(B) per branch point and GBS, with the measured efficiency E(B0)/E(B) in brackets."""
+    grid = sorted({g for b in cal["branch_points"] for g in b.get("gbs") or []})
+    rows = []
+    for i, b in enumerate(cal["branch_points"]):
+        by_gbs = {g: (e, se) for g, e, se in zip(b.get("gbs") or [], b.get("mean_samples") or [],
+                                                 b.get("efficiency") or [])}
+        rows.append([str(i)] + [f"{_fmt(by_gbs[g][0], '.0f')} ({_fmt(by_gbs[g][1], '.2f')})" if g in by_gbs else "-"
+                                for g in grid])
+    return _table(["branch"] + [f"B = {g}" for g in grid], rows)
+
+
+def calibration_section(cal: dict) -> str:
+    """A calibration (`copus calibrate`): what it measured per branch point, as two tables and
+    two figures (E(B) against GBS; the critical batch against the loss, beside the noise-scale
+    rule)."""
+    head = ["branch", "samples seen", "val loss", "B_crit", "95% interval", "fit p", "linear form", "B_noise raw",
+            "B_noise Adam", "B_noise run", f"{CONFIGURED_FACTOR:g} x B_noise run", "c = B_crit / B_noise run"]
+    rows = [_branch_row(i, b) for i, b in enumerate(cal["branch_points"])]
+    figures = "".join(f'<figure class="plot" data-plot="{name}">{draw(cal)}</figure>'
+                      for name, draw in CALIBRATION_FIGURES.items())
+    key = cal.get("key") or {}
+    workload, settings = key.get("workload") or {}, cal.get("settings") or {}
+    about = (f"Workload {workload.get('model', '?')}, sequence length {workload.get('seq_len', '?')}; reference GBS "
+             f"B0 = {cal.get('reference_gbs', '?')}, loss decrement {cal.get('decrement', '?')}, "
+             f"{settings.get('seeds', '?')} seed(s) per point; {_fmt(cal.get('wall_clock_s'), '.0f')} s to measure. "
+             f"Every linear fit accepted: {'yes' if cal.get('all_fits_ok') else 'no'}. File: {cal.get('path', '')}")
+    return (f"<h2>Calibration {html.escape(str(cal.get('id', '?')))}</h2><p class='note'>{html.escape(about)}</p>"
+            "<p class='note'>Per branch point of a reference run, continuations at every GBS B of the grid ran "
+            "until the validation loss dropped by the decrement; E(B) is the samples that took. McCandlish et al. "
+            "predict E = E_min (1 + B/B_crit); the fit is rejected (chi-square p &lt; "
+            f"{FIT_P_MIN:g}) when the measured points do not follow it, and the measured curve is then what the "
+            "planner uses. c is the factor from the run's own noise-scale estimate to the measured critical batch "
+            "(the configured rule uses "
+            f"{CONFIGURED_FACTOR:g}).</p>{_table(head, rows)}"
+            "<p class='note'>Samples to the decrement E(B), mean over seeds (measured efficiency E(B0)/E(B)):</p>"
+            f"{_samples_table(cal)}{figures}")
+
+
+def render_calibration(cal: dict) -> str:
+    """The page of a calibration file alone."""
+    title = f"calibration {cal.get('id', '?')}"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>COPUS report: {html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(title)}</h1>"
+            f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.</p>{calibration_section(cal)}{CHECK}"
+            "</body></html>")
+
+
 def render(data: ReportData) -> str:
     figures = "".join(f'<figure class="plot" data-plot="{name}">{draw(data)}</figure>' for name, draw in FIGURES.items())
     target = f"target validation loss {data.target}" if data.target is not None else "no target"
@@ -62,12 +157,24 @@ def render(data: ReportData) -> str:
             f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(data.title)}</h1>"
             f"<p class='note'>{len(data.runs)} run(s), {target}; generated {time.strftime('%Y-%m-%d %H:%M:%S')}. "
             "Dotted vertical lines: in-place GBS changes; dashed: layout changes with a restart.</p>"
-            f"<h2>Time to target</h2>{results_table(data)}<h2>Curves</h2>{figures}{CHECK}</body></html>")
+            f"<h2>Time to target</h2>{results_table(data)}<h2>Curves</h2>{figures}{audit_section(data)}"
+            f"{''.join(calibration_section(cal) for cal in data.calibrations)}{CHECK}"
+            "</body></html>")
 
 
 def build_report(source: str, out: str | None = None, tracking_uri: str | None = None) -> Path:
-    data = load(source, tracking_uri)
-    path = Path(out) if out else (Path(source) / "report.html" if Path(source).is_dir() else Path("dashboards") / f"report-{source}.html")
+    """SOURCE: an output directory, an MLflow run id, or a calibration file (its report goes
+    next to it, <stem>-report.html, unless `out` says otherwise)."""
+    src = Path(source)
+    if src.is_file() or source.endswith(".json"):
+        if not src.is_file():
+            raise ReportError(f"{source}: no such calibration file")
+        page = render_calibration(load_calibration(src))
+        path = Path(out) if out else src.with_name(f"{src.stem}-report.html")
+    else:
+        page = render(load(source, tracking_uri))
+        default = src / "report.html" if src.is_dir() else Path("dashboards") / f"report-{source}.html"
+        path = Path(out) if out else default
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(data))
+    path.write_text(page)
     return path

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from copus.cluster.controller import Controller, ControllerSpec
-from copus.core.efficiency import adascale_gain, efficiency
+from copus.core.efficiency import adascale_gain, efficiency, statistical_efficiency
 from copus.core.schedule import LRSchedule
 from copus.core.throughput import Config
 
@@ -87,10 +87,26 @@ def test_lr_rules_follow_the_gbs_and_keep_the_warmup():
     assert LRSchedule(1e-3, 16, "linear").lr(0, 64) == pytest.approx(4e-3)
     ada = LRSchedule(1e-3, 16, "adascale", warmup_samples=160)
     gain = adascale_gain(grad_sqr=1.0, grad_var=16.0, b0=16, b=64)  # var at B0 = 1 = sqr: r = 2 / 1.25
-    assert gain == pytest.approx(1.6) and ada.lr(1000, 64, gain) == pytest.approx(1.6e-3)
-    assert ada.lr(1000, 64, None) == pytest.approx(1e-3) and ada.lr(80, 64, gain) == pytest.approx(1.6e-3 * 81 / 160)
+    # AdamW takes sqrt(r) (AdaptDL's Adam form), not r.
+    assert gain == pytest.approx(1.6) and ada.lr(1000, 64, gain) == pytest.approx(1e-3 * math.sqrt(1.6))
+    assert ada.lr(1000, 64, None) == pytest.approx(1e-3)
+    assert ada.lr(80, 64, gain) == pytest.approx(1e-3 * math.sqrt(1.6) * 81 / 160)
     assert adascale_gain(float("nan"), 1.0, 16, 64) == 1.0
     assert 1.0 <= adascale_gain(2.0, 3.0, 16, 64) <= 64 / 16
+
+
+def test_adascale_with_adamw_scales_the_lr_by_the_square_root_of_the_gain():
+    # B_noise 1000 at B0 16 (var/sqr = B_noise / B0), B 256: r = 12.9, the LR only 3.6x.
+    gain = adascale_gain(grad_sqr=1.0, grad_var=1000.0, b0=16, b=256)
+    assert gain == pytest.approx(12.94, abs=0.01)
+    assert LRSchedule(1e-3, 16, "adascale").lr(10_000, 256, gain) == pytest.approx(1e-3 * 3.597, rel=1e-3)
+
+
+def test_all_noise_means_full_efficiency_and_full_gain():
+    # Smoothed |G|^2 <= 0: SE treats the gradient as all noise (1 at any B), AdaScale agrees (r = s).
+    assert statistical_efficiency(float("inf"), 16, 256) == 1.0
+    assert adascale_gain(grad_sqr=-0.5, grad_var=10.0, b0=16, b=256) == 16.0
+    assert adascale_gain(grad_sqr=0.0, grad_var=0.0, b0=16, b=256) == 1.0
 
 
 def test_efficiency_forms():
@@ -121,3 +137,29 @@ def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_pat
     # A driver draining the old incarnation starts over on the new one.
     cursor, records = again.drain((c.incarnation, 5))
     assert [r["step"] for r in records] == [3, 4] and cursor == (again.incarnation, 2)
+
+
+def _calibration(level_losses: tuple[float, ...], b_crits: tuple[float, ...], b_noise_run: float) -> dict:
+    from copus.core.calibration import fit_branch, with_noise_scales
+    branches = []
+    for loss, b_crit in zip(level_losses, b_crits):
+        fit = fit_branch(loss, 0.1, 100, {b: [100 * (1 + b / b_crit)] * 2 for b in (4, 8, 16, 64)}, 8)
+        branches.append(with_noise_scales(fit, 1.0, 1.0, b_noise_run).as_dict())
+    return {"id": "test-calibration", "branch_points": branches}
+
+
+def test_the_controller_reads_the_calibration_at_the_runs_progress():
+    # Measured: B_crit 2 early (loss 3.5), 400 late (loss 2.0); the run's noise estimate is 1 there.
+    c = Controller(spec(calibration=_calibration((3.5, 2.0), (2.0, 400.0), 1.0), interval_s=1.0,
+                        throughputs=TABLE[:2]))
+    start = Config(2, 1, 1, 2, 8)
+    c.push({"kind": "eval", "step": 0, "val_loss": 3.6})
+    c.push(step(1, 0.0, start, b_noise=1.0))
+    c.push(step(2, 1.0, start, b_noise=1.0))
+    assert c.decision() is None  # early: a larger batch wastes samples (SE(16) = 10/18 of SE(8))
+    c.push({"kind": "eval", "step": 2, "val_loss": 1.9})
+    c.push(step(3, 2.0, start, b_noise=1.0))
+    d = c.decision()
+    assert d["config"]["gbs"] == 16 and d["efficiency_source"] == "test-calibration"
+    assert d["val_loss"] == 1.9 and d["critical_batch"] == pytest.approx(400.0)
+    assert d["predicted_efficiency_gain"] == pytest.approx((400 + 8) / (400 + 16))

@@ -3,6 +3,7 @@ headless Chromium; bad sources give a one-line error."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -83,3 +84,138 @@ def test_report_of_a_missing_source_is_one_line(tmp_path, capsys):
     assert "no comparison.json or summary.json" in capsys.readouterr().err
     assert main(["report", "0123abc", "--tracking-uri", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 2
     assert "no MLflow run 0123abc" in capsys.readouterr().err
+
+
+def test_report_has_a_predicted_vs_realized_panel_for_audited_changes(tmp_path):
+    """A summary whose GBS changes were audited (copus.core.audit) gets the panel: a plot of
+    predicted against realized efficiency gain and a table; one without gets neither."""
+    from dashboards.data import ReportData, RunSeries
+    from dashboards.report import render
+
+    layout = {"dp": 2, "tp": 1, "pp": 1, "mbs": 4}
+    audited = [
+        {"step": 20, "samples": 320, "wall_clock_s": 10.0, "in_place": True, "from": {**layout, "gbs": 16},
+         "to": {**layout, "gbs": 32}, "predicted_efficiency_gain": 0.8, "realized_efficiency_gain": 0.62,
+         "realized_efficiency_interval": [0.55, 0.7], "audit_points": {"before": 20, "after": 15},
+         "audit_note": "power-law fit of loss against effective samples, 20 points before, 15 after"},
+        {"step": 35, "samples": 800, "wall_clock_s": 17.5, "in_place": True, "from": {**layout, "gbs": 32},
+         "to": {**layout, "gbs": 64}, "predicted_efficiency_gain": 0.75, "realized_efficiency_gain": None,
+         "realized_efficiency_interval": None, "audit_points": {"before": 15, "after": 2},
+         "audit_note": "too few points after the change (2 < 10 after skipping 5 settling steps)"},
+        {"step": 38, "samples": 992, "wall_clock_s": 19.0, "in_place": True, "from": {**layout, "gbs": 64},
+         "to": {**layout, "dp": 1, "pp": 2, "gbs": 64}, "predicted_efficiency_gain": None,
+         "realized_efficiency_gain": None, "audit_note": "no change of GBS: nothing to audit"},
+    ]
+    metrics = {"wall_clock_s": {s: s * 0.5 for s in range(1, 41)}, "gbs": {s: 16.0 for s in range(1, 41)},
+               "val_loss": {s: 5 - s / 10 for s in range(5, 41, 5)}}
+    copus = RunSeries("demo/copus", "copus", "r1", metrics, {"reconfigurations": audited, "target_val_loss": 2.0})
+    static = RunSeries("demo/static", "static", "r2", metrics, {"reconfigurations": [], "target_val_loss": 2.0})
+    page = render(ReportData("demo", [copus, static], None, 2.0))
+    assert "Predicted vs realized statistical efficiency" in page
+    assert page.count('<figure class="plot"') == 6 and 'data-plot="efficiency-audit"' in page
+    assert "0.800" in page and "0.620" in page and "0.550 - 0.700" in page and "too few points after" in page
+    assert "16 -&gt; 32" in page and "nothing to audit" not in page  # layout-only changes are not listed
+    plain = render(ReportData("demo", [static], None, 2.0))
+    assert "Predicted vs realized" not in plain and plain.count('<figure class="plot"') == 5
+    out = tmp_path / "report.html"
+    out.write_text(page)
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium here (make test installs chromium-headless-shell where it can)")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", out.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-plots-expected="6"' in dom and 'data-plots-rendered="6"' in dom, dom[:500]
+
+
+def _calibration(path, cal_id: str = "abc123def456") -> dict:
+    """A calibration file as `copus calibrate` writes it: one branch point whose linear fit was
+    accepted (two seeds, one GBS never reaching the decrement on one seed), one rejected, and
+    values not measured as null."""
+    fitted = {"val_loss": 4.135, "decrement": 0.3, "samples_seen": 160, "gbs": [4, 8, 16, 64],
+              "mean_samples": [15.7, 22.8, 34.8, 90.8], "sd_samples": [0.5, 0.7, 1.0, None],
+              "efficiency": [2.217, 1.526, 1.0, 0.383], "b_crit": 8.614, "b_crit_low": 6.25, "b_crit_high": 11.5,
+              "e_min": 11.30, "s_min": 1.311, "chi2_p": 0.0816, "fit_ok": True, "b_noise": 0.882,
+              "b_noise_adam": None, "b_noise_run": 1.083, "c": 7.955}
+    rejected = {**fitted, "val_loss": 3.154, "samples_seen": 320, "mean_samples": [145.3, 195.0, 295.5, 1201.1],
+                "efficiency": [2.035, 1.515, 1.0, 0.246], "b_crit": 4.639, "b_crit_low": 3.1, "b_crit_high": None,
+                "e_min": 73.41, "s_min": 15.82, "chi2_p": 0.0077, "fit_ok": False, "b_noise": 35.62,
+                "b_noise_adam": 41.59, "b_noise_run": 1.088, "c": 4.263}
+    points = [{"branch": i, "gbs": g, "seed": s, "samples": e * (1 + 0.03 * s), "steps": e / g, "reached": True,
+               "val_loss": b["val_loss"]} for i, b in enumerate((fitted, rejected))
+              for g, e in zip(b["gbs"], b["mean_samples"]) for s in (0, 1)]
+    points.append({"branch": 0, "gbs": 64, "seed": 2, "samples": None, "steps": None, "reached": False,
+                   "val_loss": 4.135})
+    data = {"id": cal_id, "key": {"schema_version": 1, "kind": "calibration",
+                                  "workload": {"model": "tiny<b>", "seq_len": 128, "data": "f00"}},
+            "reference_gbs": 16, "decrement": 0.3, "branch_points": [fitted, rejected], "points": points,
+            "wall_clock_s": 289.9, "all_fits_ok": False, "b_crit_growth": 0.54,
+            "settings": {"gbs": [4, 8, 16, 64], "branch_samples": [160, 320], "seeds": 2}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return data
+
+
+def _rendered_in_chromium(out, expected: int) -> None:
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium here (make test installs chromium-headless-shell where it can)")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", out.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert f'data-plots-expected="{expected}"' in dom and f'data-plots-rendered="{expected}"' in dom, dom[:500]
+
+
+def test_report_of_a_calibration_file_alone(tmp_path, capsys):
+    """`copus report calibration-<id>.json`: no MLflow; a table per branch point (B_crit and its
+    interval, the fit's p-value and verdict, the noise scales and c), E(B) by GBS, and two
+    figures; the page goes next to the file."""
+    path = tmp_path / "profiles" / "calibration-abc123def456.json"
+    _calibration(path)
+    assert main(["report", str(path)]) == 0
+    out = tmp_path / "profiles" / "calibration-abc123def456-report.html"
+    assert str(out.resolve()) in capsys.readouterr().out
+    page = out.read_text()
+    assert not re.search(r"""(src|href)=["']https?://|<link |@import|<script src""", page)
+    assert "<h2>Calibration abc123def456</h2>" in page and "tiny&lt;b&gt;" in page and "tiny<b>" not in page
+    assert page.count('<figure class="plot"') == 2
+    assert 'data-plot="calibration-samples"' in page and 'data-plot="calibration-critical-batch"' in page
+    rows = re.findall(r"<tr>(.*?)</tr>", page)
+    fitted = [re.sub(r"</?td>", "|", r) for r in rows if r.startswith("<td>0</td><td>160</td>")][0]
+    assert "|8.61|" in fitted and "|6.25 - 11.5|" in fitted and "|0.082|" in fitted and "|accepted|" in fitted
+    assert "|0.882|" in fitted and "|-|" in fitted and "|1.08|" in fitted and "|2.17|" in fitted and "|7.96|" in fitted
+    rejected = [re.sub(r"</?td>", "|", r) for r in rows if r.startswith("<td>1</td><td>320</td>")][0]
+    assert "|3.1 - -|" in rejected and "|rejected: curve kept|" in rejected and "|41.6|" in rejected
+    assert "|4.26|" in rejected
+    assert "<th>B = 64</th>" in page and "<td>1201 (0.25)</td>" in page
+    _rendered_in_chromium(out, 2)
+
+
+def test_report_of_a_calibration_file_that_is_not_one(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "calibration-missing.json")]) == 2
+    assert "no such calibration file" in capsys.readouterr().err
+    other = tmp_path / "summary.json"
+    other.write_text(json.dumps({"target_val_loss": 2.0}))
+    assert main(["report", str(other)]) == 2
+    assert "not a calibration file" in capsys.readouterr().err
+    broken = tmp_path / "calibration-broken.json"
+    broken.write_text("{")
+    assert main(["report", str(broken)]) == 2
+    assert "not a readable calibration file" in capsys.readouterr().err
+
+
+def test_report_of_an_output_directory_appends_its_calibrations(tmp_path):
+    """A run's or comparison's output directory whose profiles/ holds calibrations: the report
+    gets a calibration section (table and two figures) per calibration after its curves; a
+    file there that is not a calibration is passed over."""
+    parent = _fake_comparison(tmp_path)
+    outdir = tmp_path / "compare-demo"
+    outdir.mkdir()
+    (outdir / "summary.json").write_text(json.dumps({"mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                                     "mlflow_run_id": parent}))
+    _calibration(outdir / "profiles" / "calibration-abc123def456.json")
+    (outdir / "profiles" / "calibration-notes.json").write_text("[]")
+    assert main(["report", str(outdir)]) == 0
+    page = (outdir / "report.html").read_text()
+    assert page.count('<figure class="plot"') == 7 and page.count("<h2>Calibration ") == 1
+    assert page.index("<h2>Curves</h2>") < page.index("<h2>Calibration abc123def456</h2>")
+    assert "rejected: curve kept" in page and "+6.7% vs static" in page
+    _rendered_in_chromium(outdir / "report.html", 7)

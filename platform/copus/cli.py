@@ -39,15 +39,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a field of the suite's experiment (repeatable)")
     p.add_argument("--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)")
     p.add_argument("--quiet", action="store_true", help="print only the final table")
-    p = sub.add_parser("report", help="a self-contained HTML report of a comparison or a run, from MLflow")
-    p.add_argument("source", help="an output directory of copus compare or copus run, or an MLflow run id")
-    p.add_argument("--out", help="where to write the HTML (default: SOURCE/report.html, or dashboards/report-RUN.html)")
+    p = sub.add_parser("report", help="a self-contained HTML report of a comparison or a run (from MLflow), or of a "
+                                      "calibration file")
+    p.add_argument("source", help="an output directory of copus compare or copus run, an MLflow run id, or a "
+                                  "calibration-<id>.json of copus calibrate")
+    p.add_argument("--out", help="where to write the HTML (default: SOURCE/report.html, dashboards/report-RUN.html, or "
+                                 "<calibration stem>-report.html beside the file)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI when SOURCE is a run id (default sqlite:///$PWD/mlflow.db)")
     p = sub.add_parser("simulate", help="every policy on a modelled GPU cluster: time to target, speedup, best layouts")
     p.add_argument("simulation", help="simulation YAML (e.g. experiments/sim/paper_llama-2-13b_2x8-h100.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
                    help="override a field, e.g. --set training.target_loss=2.4 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = sub.add_parser("calibrate", help="measure the critical batch: branch a reference run, sweep the GBS from each "
+                                         "branch point, fit (Ray Tune)")
+    p.add_argument("experiment", help="experiment YAML, or a comparison suite YAML (calibrates its experiment where "
+                                      "the suite's runs look for it)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
+                   help="override a field of the experiment (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
@@ -163,6 +174,35 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_config(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment to calibrate: the file itself, or a suite's experiment with the suite's
+    profile directory (where its runs look for the calibration)."""
+    from copus.config import config_from_mapping, is_suite_file, load_suite
+
+    if not is_suite_file(args.experiment):
+        return load_config(args.experiment, args.overrides)
+    from copus.cluster.compare import suite_table_dir
+
+    suite, experiment = load_suite(args.experiment, args.overrides)
+    base = config_from_mapping(experiment, suite.set + args.overrides)
+    return config_from_mapping(experiment, suite.set + args.overrides + [f"profile.table_dir={suite_table_dir(suite, base)}"])
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from workloads.corpus import DatasetError
+
+    try:
+        cfg = _calibration_config(args)
+        from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
+
+        result = run_calibration(cfg, _echo(args))
+    except (ConfigError, DatasetError) as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else calibration_table(result))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from dashboards.data import ReportError
     from dashboards.report import build_report
@@ -190,14 +230,60 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _last_checkpoint_step(out: Path) -> int | None:
+    """The step of the last checkpoint a run's records mention (None before the first)."""
+    step = None
+    try:
+        with open(out / "records.jsonl") as fh:
+            for line in fh:
+                if '"kind": "checkpoint"' in line:
+                    step = json.loads(line).get("step", step)
+    except (OSError, ValueError):
+        pass
+    return step
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """One line saying where Ctrl-C stopped, what is kept and how to go on."""
+    try:
+        if args.command == "compare":
+            from copus.config import load_suite
+            out = Path(load_suite(args.suite, args.overrides)[0].output_dir).expanduser().resolve()
+            return (f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
+                    f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again")
+        cfg = _calibration_config(args) if args.command == "calibrate" else load_config(args.experiment, args.overrides)
+    except ConfigError:
+        return "interrupted"
+    if args.command == "calibrate":
+        return (f"interrupted; the branch points and every finished continuation are kept in "
+                f"{cfg.resolved_profile_dir()}/calibration-<id>/: run the same command to go on with the rest")
+    if args.command == "profile":
+        return (f"interrupted; every configuration measured so far is kept in the profile table in "
+                f"{cfg.resolved_profile_dir()}: run the same command to measure the rest")
+    out = cfg.resolved_output_dir()
+    step = _last_checkpoint_step(out)
+    kept = f"the checkpoint of step {step} is kept in {out}" if step is not None else f"no checkpoint yet in {out}"
+    return f"interrupted; {kept}: run the same command to resume (--fresh starts over)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print(f"copus: {_interrupted(args)}", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "compare":
         return _cmd_compare(args)
     if args.command == "simulate":
         return _cmd_simulate(args)
     if args.command == "report":
         return _cmd_report(args)
+    if args.command == "calibrate":
+        return _cmd_calibrate(args)
     try:
         cfg = load_config(args.experiment, args.overrides)
     except ConfigError as err:

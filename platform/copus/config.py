@@ -145,6 +145,21 @@ class ProfileConfig(_Section):
     table_dir: str | None = None                  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
+class CalibrationConfig(_Section):
+    """`copus calibrate`: branch a reference run at a few points and continue from each at every
+    GBS of a grid until the validation loss has dropped by `decrement` (copus.core.calibration)."""
+    gbs: list[int] | None = None                 # the grid; default: powers of 2 over search.gbs_min..gbs_max
+    branch_samples: list[int] | None = None      # where to branch (samples of the reference run, multiples of
+                                                 # optimizer.reference_gbs); default: 20, 60, 120, 200 reference steps
+    decrement: float = Field(0.1, gt=0.0)        # validation-loss drop each continuation trains to
+    seeds: int = Field(2, ge=1)                  # continuations per (branch point, GBS), each on other data
+    eval_every_samples: int = Field(64, ge=1)    # validation interval of a continuation, in samples
+    val_samples: int | None = Field(None, ge=1)  # validation set of the calibration; default: eval.val_samples
+    max_samples: int = Field(20000, ge=1)        # a continuation that needs more is recorded as not reached
+    gns_steps: int = Field(16, ge=2)             # batches the noise scale is measured over at each branch point
+    cpus_per_trial: float | None = Field(None, gt=0.0)  # Ray Tune resources per run; default: the driver's cores
+
+
 class TrackingConfig(_Section):
     uri: str | None = None  # default: sqlite:///<cwd>/mlflow.db
     experiment: str = "copus"
@@ -166,6 +181,7 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     search: SearchConfig = SearchConfig()
     profile: ProfileConfig = ProfileConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
     tracking: TrackingConfig = TrackingConfig()
     # How a change of layout or MBS is made: inside the running workers (in_place), by
     # checkpoint and worker-group restart (restart), or in place with restart as the fallback
@@ -204,6 +220,20 @@ class ExperimentConfig(_Section):
         if self.search.layouts is not None:
             return [tuple(x) for x in self.search.layouts]
         return valid_layouts(self.cluster.num_workers, FLAVOURS[self.workload.model].shape())
+
+    def calibration_grid(self) -> list[int]:
+        """The calibration's GBS grid: as given, or the powers of 2 within the search bounds
+        (widened to 16x around the reference GBS when the bounds are narrower)."""
+        if self.calibration.gbs is not None:
+            return sorted(set(self.calibration.gbs))
+        low, high = self.gbs_bounds()
+        b0 = self.optimizer.reference_gbs
+        low, high = min(low, max(1, b0 // 4)), max(high, b0 * 4)
+        return [2 ** k for k in range(0, 31) if low <= 2 ** k <= high]
+
+    def calibration_branches(self) -> list[int]:
+        b0 = self.optimizer.reference_gbs
+        return sorted(set(self.calibration.branch_samples or [b0 * k for k in (20, 60, 120, 200)]))
 
     def resolved_profile_dir(self) -> Path:
         return Path(self.profile.table_dir).expanduser().resolve() if self.profile.table_dir else self.resolved_output_dir() / "profiles"
@@ -387,6 +417,16 @@ class SuiteConfig(_Section):
     # the experiment's own layout.
     static_layout: Literal["best", "given"] = "best"
     output_dir: str = "runs/comparison"
+
+
+def is_suite_file(path: str | os.PathLike) -> bool:
+    """Whether a YAML file is a comparison suite (it names `policies` or an `experiment`) rather
+    than an experiment. Unreadable files are left to the experiment loader's error."""
+    try:
+        raw = read_yaml(path)
+    except ConfigError:
+        return False
+    return isinstance(raw, dict) and ("policies" in raw or "experiment" in raw)
 
 
 def load_suite(path: str | os.PathLike, overrides: list[str] | None = None) -> tuple[SuiteConfig, dict]:

@@ -1,9 +1,17 @@
 """The typed simulation YAML (`copus simulate SIM.yaml`): one validated `SimConfig` out, turned
-into the simulator's plain `Setting` at the edge. Problems are one line naming the field."""
+into the simulator's plain `Setting` at the edge. Problems are one line naming the field.
+
+Two sides are kept apart: `training` is the truth the simulated run follows (a loss curve and
+the critical batch, from the published fits or from a `copus calibrate` file), `policy` and
+`estimate` are what the planner believes and is told (its SE form and critical factor; the
+noise scale it sees, off from the truth by `estimate.mapping_error` and `estimate.noise`)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -11,7 +19,8 @@ from pydantic import Field, ValidationError, model_validator
 from copus.config import ConfigError, _FieldProblem, _format_pydantic_error, _Section, apply_overrides, read_yaml
 from copus.core.hardware import NODES
 from copus.core.layout import layout_problems
-from copus.core.simulator import Cluster, CriticalBatch, LossCurve, ReconfigurationCosts, Setting
+from copus.core.simulator import (CalibratedCriticalBatch, Cluster, CriticalBatch, LossCurve, NoiseEstimate,
+                                  ReconfigurationCosts, Setting)
 from copus.core.throughput import Config
 from workloads.flavours import FLAVOURS
 
@@ -69,10 +78,29 @@ class SimCriticalBatch(_Section):
 
 
 class SimTraining(_Section):
+    """The truth: loss against effective tokens, and the true critical batch against the loss
+    (the published fit under `critical_batch`, or measured: `calibration`, a `copus calibrate`
+    JSON, relative to the simulation file)."""
     target_loss: float = Field(gt=0.0)
     max_hours: float = Field(24.0 * 60, gt=0.0)   # simulated time limit
     loss_curve: SimLossCurve = SimLossCurve()
     critical_batch: SimCriticalBatch = SimCriticalBatch()
+    calibration: str | None = None
+
+    @model_validator(mode="after")
+    def _one_critical_batch(self) -> "SimTraining":
+        if self.calibration is not None and "critical_batch" in self.model_fields_set:
+            raise _FieldProblem("training.calibration", "give either a calibration or training.critical_batch, not both")
+        return self
+
+
+class SimEstimate(_Section):
+    """The noise scale the planner sees: b_noise = mapping_error × ε × B_crit / c, ε the
+    estimate's relative noise (`noise` its σ, seeded by `seed`), c = policy.critical_factor."""
+    mapping_error: float = Field(1.0, gt=0.0)
+    noise: float = Field(0.0, ge=0.0)
+    distribution: Literal["lognormal", "gaussian"] = "lognormal"
+    seed: int = 0
 
 
 class SimPaper(_Section):
@@ -93,6 +121,7 @@ class SimConfig(_Section):
     reconfigure: Literal["in_place", "restart"] = "in_place"
     costs: SimCosts = SimCosts()
     training: SimTraining
+    estimate: SimEstimate = SimEstimate()
     policies: list[PolicyName] = Field(["copus", "static", "cbs-pessimistic", "cbs-optimistic"], min_length=1)
     paper: SimPaper = SimPaper()
 
@@ -121,9 +150,58 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping")
     try:
-        return SimConfig.model_validate(apply_overrides(raw, overrides or []))
+        cfg = SimConfig.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as err:
         raise ConfigError(f"{path}: {_format_pydantic_error(err)}") from None
+    if cfg.training.calibration is None:
+        return cfg
+    calibration = (Path(path).parent / cfg.training.calibration).resolve()
+    try:
+        read_calibration(calibration)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: training.calibration: {err}") from None
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update={"calibration": str(calibration)})})
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def read_calibration(path: str | os.PathLike) -> list[dict]:
+    """The branch points of a `copus calibrate` JSON that measured a finite critical batch
+    (`val_loss`, `b_crit` in sequences); a null `b_crit` (none measurable) is skipped."""
+    if not Path(path).is_file():
+        raise ConfigError(f"file not found: {path}")
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{path}: not a readable JSON file ({err})") from None
+    points = data.get("branch_points") if isinstance(data, dict) else None
+    if not isinstance(points, list) or not points:
+        raise ConfigError(f"{path}: branch_points: expected a non-empty list")
+    for i, p in enumerate(points):
+        where = f"{path}: branch_points[{i}]"
+        if not isinstance(p, dict):
+            raise ConfigError(f"{where}: expected a mapping")
+        if not _positive(p.get("val_loss")):
+            raise ConfigError(f"{where}.val_loss: expected a positive number (got {p.get('val_loss')!r})")
+        if p.get("b_crit") is not None and not _positive(p["b_crit"]):
+            raise ConfigError(f"{where}.b_crit: expected a positive number of sequences or null (got {p['b_crit']!r})")
+        if "decrement" in p and not (_positive(p["decrement"]) or p["decrement"] == 0):
+            raise ConfigError(f"{where}.decrement: expected a number >= 0 (got {p['decrement']!r})")
+    measured = [p for p in points if p.get("b_crit") is not None]
+    if not measured:
+        raise ConfigError(f"{path}: branch_points: no branch point has a finite b_crit")
+    return measured
+
+
+def critical_batch_of(cfg: SimConfig) -> CriticalBatch | CalibratedCriticalBatch:
+    """The true critical batch: the calibration's branch points, or the published fit."""
+    t = cfg.training
+    if t.calibration is None:
+        return CriticalBatch(**t.critical_batch.model_dump())
+    return CalibratedCriticalBatch.from_branch_points(read_calibration(t.calibration), cfg.seq_len,
+                                                      source=f"calibration {t.calibration}")
 
 
 def setting_from(cfg: SimConfig) -> Setting:
@@ -139,7 +217,7 @@ def setting_from(cfg: SimConfig) -> Setting:
         target_loss=t.target_loss, form=cfg.policy.efficiency, critical_factor=cfg.policy.critical_factor,
         threshold=cfg.policy.threshold, interval_s=cfg.policy.interval_s, reconfigure=cfg.reconfigure,
         costs=ReconfigurationCosts(c.in_place_fixed_s, c.restart_fixed_s, c.storage_gb_per_s * 1e9),
-        curve=LossCurve(**t.loss_curve.model_dump()), critical=CriticalBatch(**t.critical_batch.model_dump()),
+        curve=LossCurve(**t.loss_curve.model_dump()), critical=critical_batch_of(cfg),
+        estimate=NoiseEstimate(**cfg.estimate.model_dump()),
         max_hours=t.max_hours, layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
     )
-

@@ -1,6 +1,7 @@
 """`copus simulate`: every policy of a simulation YAML on the modelled cluster, time to target
 per policy, COPUS's speedup over the fastest baseline beside the paper's, and the
-throughput-optimal layout for each GBS."""
+throughput-optimal layout for each GBS. The output names where the training truth comes
+from and how far the planner's noise-scale estimate is off it (`estimate`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def run_simulation(cfg: SimConfig) -> dict:
         "copus_speedup_vs_fastest_baseline": copus.get("speedup_vs_fastest_baseline"),
         "fastest_baseline": copus.get("fastest_baseline"),
         "paper": cfg.paper.model_dump(),
+        "truth": {"critical_batch": setting.critical.source, "calibration": cfg.training.calibration,
+                  "efficiency": "McCandlish et al. 2018: a step of B samples is worth B*B_crit/(B_crit+B)"},
+        "planner": {"efficiency": cfg.policy.efficiency, "critical_factor": cfg.policy.critical_factor},
+        "estimate": cfg.estimate.model_dump(),
+        "mapping_error": cfg.estimate.mapping_error,
         "best_layout_by_gbs": best_layout_by_gbs(setting),
     }
 
@@ -44,11 +50,19 @@ def _pct(x: float | None) -> str:
     return f"{x:+.1%}" if x is not None else "n/a"
 
 
+def _truth_line(result: dict) -> str:
+    e, p = result["estimate"], result["planner"]
+    noise = f", noise {e['noise']:g} ({e['distribution']}, seed {e['seed']})" if e["noise"] > 0 else ""
+    return (f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
+            f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}")
+
+
 def simulation_text(result: dict) -> str:
     lines = [f"{result['name']}: {result['model']} on {result['cluster']}, target loss {result['target_loss']}, "
              f"{result['candidates']} feasible configurations",
              f"reconfiguration cost: in place {result['reconfiguration_costs_s']['in_place']:.0f} s, restart "
              f"{result['reconfiguration_costs_s']['restart']:.0f} s (runs use {result['reconfiguration_costs_s']['mode']})",
+             _truth_line(result),
              "",
              f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<26} {'final':<26}"]
     for policy, r in result["policies"].items():

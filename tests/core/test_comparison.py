@@ -24,6 +24,13 @@ def test_speedup_over_the_fastest_baseline_with_repeats():
     # Paired per repeat: min over baselines of that repeat / copus.
     assert out["copus"]["speedup_per_repeat"] == pytest.approx([100 / 90 - 1, 105 / 110 - 1])
     assert out["copus"]["speedup_std"] > 0
+    # Paired against the fastest baseline by mean (static), with a 95% t-interval.
+    paired = [100 / 90 - 1, 121 / 110 - 1]
+    assert out["copus"]["paired_speedup_per_repeat"] == pytest.approx(paired)
+    low, high = out["copus"]["paired_speedup_ci95"]
+    assert out["copus"]["paired_speedup_mean"] == pytest.approx(sum(paired) / 2)
+    assert low < out["copus"]["paired_speedup_mean"] < high
+    assert high - low == pytest.approx(2 * 12.706 * abs(paired[0] - paired[1]) / 2 ** 0.5 / 2 ** 0.5, rel=1e-3)
 
 
 def test_missing_the_target_is_reported_not_averaged_away():

@@ -1,5 +1,7 @@
-"""The simulator: invariants of simulated runs, and proof that it drives the planner of
-`copus.core` (patching the planner changes what the simulation does)."""
+"""The simulator: invariants of simulated runs, proof that it drives the planner of
+`copus.core` (patching the planner changes what the simulation does), and that its training
+truth stands apart from what the planner believes (a wrong mapping costs time; a calibration
+file sets the truth)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 from copus.config import ConfigError
 from copus.core import planner as planner_module
 from copus.core.hardware import NODES
-from copus.core.simulator import Cluster, CriticalBatch, Setting, best_layout_by_gbs, search_space, simulate, step_time
+from copus.core.simulator import (CalibratedCriticalBatch, Cluster, CriticalBatch, NoiseEstimate, Setting,
+                                  best_layout_by_gbs, search_space, simulate, step_time)
 from copus.core.throughput import Config
 from copus.sim_config import load_sim_config, setting_from
 from workloads.flavours import FLAVOURS
@@ -64,7 +67,7 @@ def test_the_simulator_drives_the_planner_of_copus_core(monkeypatch):
     assert simulate(s, "copus").reconfigurations  # unpatched: the planner moves the GBS
     calls = []
 
-    def never(self, current, b_noise, interval_s, costs, allowed=None, target=None):
+    def never(self, current, b_noise, interval_s, costs, allowed=None, target=None, **kwargs):
         calls.append(current)
         now = self.score(current, b_noise)
         return planner_module.Decision(now, now, False, "none", 0.0, 0.0, "patched")
@@ -112,7 +115,94 @@ def test_copus_simulate_prints_one_json_object(capsys):
     assert set(out["policies"]) == {"copus", "static", "cbs-pessimistic", "cbs-optimistic"}
     assert all({"time_to_target_s", "reconfigurations"} <= set(p) for p in out["policies"].values())
     assert out["copus_speedup_vs_fastest_baseline"] is not None and out["paper"]["copus_speedup_vs_fastest_baseline"] == 0.05
+    assert out["mapping_error"] == 1.0 and out["estimate"]["noise"] == 0.0
+    assert out["truth"]["critical_batch"].startswith("published fit") and out["truth"]["calibration"] is None
     layouts = {(r["config"]["dp"], r["config"]["tp"], r["config"]["pp"]) for r in out["best_layout_by_gbs"]}
     assert len(layouts) > 1  # on MI210 the best layout changes with the GBS
     assert main(["simulate", str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"), "--set", "cluster.node=tpu"]) == 2
     assert "cluster.node: unknown node 'tpu'" in capsys.readouterr().err
+
+
+def test_the_truth_ignores_what_the_planner_believes():
+    s = setting()
+    space = search_space(s)
+    believer = replace(s, form="lr-aware", critical_factor=5.0)
+    assert simulate(believer, "static", space).time_to_target_s == simulate(s, "static", space).time_to_target_s
+    # The planner is told m x B_crit / c: its own c x b_noise is m times the true critical batch.
+    wrong = replace(believer, estimate=NoiseEstimate(mapping_error=4.0))
+    seen = simulate(wrong, "copus", space).timeline[1:]
+    assert seen and all(5.0 * p["b_noise"] == pytest.approx(4.0 * p["b_crit"]) for p in seen)
+
+
+def test_a_noisy_estimate_is_deterministic_for_its_seed():
+    s = replace(setting(), estimate=NoiseEstimate(noise=0.5, seed=3))
+    space = search_space(s)
+    runs = [simulate(s, "cbs", space) for _ in range(2)] + [simulate(replace(s, estimate=NoiseEstimate(noise=0.5, seed=4)), "cbs", space)]
+    ratios = [[p["b_noise"] * 2.0 / p["b_crit"] for p in r.timeline[1:]] for r in runs]
+    assert ratios[0] == ratios[1] and ratios[0] != ratios[2]
+    assert min(ratios[0]) < 0.8 and max(ratios[0]) > 1.25  # sigma 0.5: the estimate scatters both ways
+    gaussian = NoiseEstimate(noise=2.0, distribution="gaussian")
+    rng = gaussian.rng()
+    assert min(gaussian.factor(rng) for _ in range(200)) == 0.01  # clipped: an estimate stays positive
+
+
+def test_a_wrong_mapping_costs_time_to_target():
+    # The MI210 paper setting, cheaper (an earlier target), with room below GBS 64 where the early
+    # critical batch lies, and the lr-aware form: its SE is the truth's when c x b_noise = B_crit,
+    # so mapping error 1 is the planner that knows the truth (hysteresis aside).
+    overrides = ["training.target_loss=3.0", "search.gbs_min=16", "policy.efficiency=lr-aware"]
+    s = setting_from(load_sim_config(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml", overrides))
+    space = search_space(s)
+    ttt = {m: simulate(replace(s, estimate=NoiseEstimate(mapping_error=m)), "copus", space).time_to_target_s
+           for m in (0.25, 1.0, 10.0)}
+    assert all(v is not None for v in ttt.values()), ttt
+    # Too small: stays at small batches the late critical batch outgrows; too large: grows early.
+    assert ttt[0.25] > 1.01 * ttt[1.0] and ttt[10.0] > 1.03 * ttt[1.0], ttt
+
+
+def _calibration(path: Path, points: list[dict]) -> Path:
+    path.write_text(json.dumps({"id": "test", "reference_gbs": 64, "branch_points": points}))
+    return path
+
+
+def test_the_truth_comes_from_a_calibration_file(tmp_path):
+    # Two branch points: B_crit 20 sequences at loss 4 (mid-decrement 3.9), 100 at loss 3; held beyond.
+    cal = CalibratedCriticalBatch.from_branch_points([{"val_loss": 3.0, "b_crit": 100.0},
+                                                      {"val_loss": 4.0, "b_crit": 20.0, "decrement": 0.2}], 4096)
+    assert cal.tokens(3.45) == pytest.approx(60.0 * 4096)
+    assert cal.tokens(2.0) == 100.0 * 4096 and cal.tokens(9.0) == 20.0 * 4096
+    sim = tmp_path / "sim.yaml"
+    sim.write_text("model: llama-2-13b\ncluster: {nodes: 2}\nbatch: {gbs: 1024}\nsearch: {gbs_min: 64, gbs_max: 1024}\n"
+                   "policies: [static]\ntraining: {target_loss: 3.0, max_hours: 20000, calibration: tiny.json}\n")
+    tiny = [{"val_loss": 3.0, "b_crit": 4.0, "b_crit_low": 3.0}, {"val_loss": 5.0, "b_crit": 4.0}]
+    _calibration(tmp_path / "tiny.json", tiny + [{"val_loss": 4.0, "b_crit": None}])  # a null b_crit is skipped
+    _calibration(tmp_path / "huge.json", [{"val_loss": 3.0, "b_crit": 1e6}])
+    slow_cfg = load_sim_config(sim)
+    assert slow_cfg.training.calibration == str(tmp_path / "tiny.json")  # relative to the simulation file
+    slow, fast = (setting_from(load_sim_config(sim, [f"training.calibration={name}"])) for name in ("tiny.json", "huge.json"))
+    assert slow.critical.tokens(3.5) == 4.0 * 4096 and "tiny.json" in slow.critical.source
+    # With a critical batch of 4 sequences a step of 1024 is worth about 4 samples: ~250x slower.
+    t_slow, t_fast = (simulate(x, "static").time_to_target_s for x in (slow, fast))
+    assert t_fast is not None and t_slow is not None and t_slow > 100 * t_fast
+
+
+def test_bad_estimate_and_calibration_fields_are_named(tmp_path):
+    sim = tmp_path / "sim.yaml"
+    sim.write_text("model: llama-2-7b\ntraining: {target_loss: 2}\n")
+    _calibration(tmp_path / "neg.json", [{"val_loss": 3.0, "b_crit": -1}])
+    _calibration(tmp_path / "none.json", [{"val_loss": 3.0, "b_crit": None}])
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for override, message in (("estimate.mapping_error=0", "estimate.mapping_error: Input should be greater than 0"),
+                              ("estimate.noise=-0.1", "estimate.noise: Input should be greater than or equal to 0"),
+                              ("estimate.distribution=cauchy", "estimate.distribution: Input should be 'lognormal' or 'gaussian'"),
+                              ("estimate.seed=x", "estimate.seed: Input should be a valid integer"),
+                              ("estimate.noize=1", "estimate.noize: unknown key"),
+                              ("training.calibration=missing.json", "training.calibration: file not found: .*missing.json$"),
+                              ("training.calibration=neg.json", r"training.calibration: .*neg.json: branch_points\[0\].b_crit: expected a positive"),
+                              ("training.calibration=none.json", "training.calibration: .*none.json: branch_points: no branch point has a finite b_crit"),
+                              ("training.calibration=list.json", "training.calibration: .*list.json: branch_points: expected a non-empty list")):
+        with pytest.raises(ConfigError, match=f"^{sim}: {message}") as err:
+            load_sim_config(sim, [override])
+        assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="training.calibration: give either a calibration or training.critical_batch"):
+        load_sim_config(sim, ["training.calibration=neg.json", "training.critical_batch.alpha_b=0.3"])

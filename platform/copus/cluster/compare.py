@@ -27,12 +27,19 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def suite_table_dir(suite: SuiteConfig, base) -> str:
+    """Where a suite's runs keep (and look for) the profile table and the calibration: the
+    experiment's table_dir when it names one, else OUTPUT_DIR/profiles of the suite."""
+    out = Path(suite.output_dir).expanduser().resolve()
+    return str(base.resolved_profile_dir()) if base.profile.table_dir else str(out / "profiles")
+
+
 def run_comparison(suite: SuiteConfig, experiment: dict, overrides: list[str],
                    echo: Callable[[str], None] = print) -> dict:
     out = Path(suite.output_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = config_from_mapping(experiment, suite.set + overrides)
-    table_dir = str(base.resolved_profile_dir()) if base.profile.table_dir else str(out / "profiles")
+    table_dir = suite_table_dir(suite, base)
     tracker = Tracker(base.resolved_tracking_uri(), base.tracking.experiment)
     parent = tracker.start_run(f"compare: {suite.name}", flatten({"suite": suite.model_dump(mode="json")}),
                                {"kind": "comparison", "copus.output_dir": str(out)})
@@ -85,5 +92,10 @@ def comparison_table(result: dict) -> str:
     copus = result["policies"].get("copus")
     if copus and copus.get("speedup_vs_fastest_baseline") is not None:
         lines.append(f"copus vs fastest baseline ({copus['fastest_baseline']}): {copus['speedup_vs_fastest_baseline']:+.1%}")
+        ci = copus.get("paired_speedup_ci95")
+        if ci is not None:
+            per = ", ".join(f"{x:+.1%}" for x in copus["paired_speedup_per_repeat"])
+            lines.append(f"  paired by repeat: mean {copus['paired_speedup_mean']:+.1%}, 95% CI {ci[0]:+.1%} .. "
+                         f"{ci[1]:+.1%} ({per})")
     lines.append(f"comparison: {Path(result['runs'][0]['output_dir']).parents[1] / 'comparison.json'}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from copus.cluster.monitor import RecordQueue
-from copus.core.planner import Planner, SwitchCosts
+from copus.core.planner import SwitchCosts, planner_for
 from copus.core.policies import decide
 from copus.core.throughput import Config
 
@@ -41,6 +41,9 @@ class ControllerSpec:
     # Tests and benchmarks only: the noise scale the k-th decision sees (the last one repeats),
     # instead of the measured one.
     b_noise_script: tuple[float, ...] | None = None
+    # The workload's calibration (`copus calibrate`), when one exists: the measured mapping from
+    # noise scale and progress to efficiency, instead of the configured factor.
+    calibration: dict | None = None
 
 
 class Controller(RecordQueue):
@@ -56,9 +59,9 @@ class Controller(RecordQueue):
         goes on from it."""
         super().__init__()
         self.spec = spec
-        table = dict(spec.throughputs)
-        self.planner = Planner(list(table), lambda cfgs: [table[c] for c in cfgs], spec.b0, spec.efficiency,
-                               spec.critical_factor, spec.threshold)
+        self.planner = planner_for(dict(spec.throughputs), spec.b0, spec.efficiency, spec.critical_factor,
+                                   spec.threshold, spec.calibration)
+        self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
         self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
         self.in_place_cost_s = spec.in_place_cost_s if in_place_cost_s is None else in_place_cost_s
         self.reconfigure = reconfigure or spec.reconfigure
@@ -76,6 +79,7 @@ class Controller(RecordQueue):
         self.restart_cost_s, self.in_place_cost_s = saved["restart_cost_s"], saved["in_place_cost_s"]
         self.reconfigure, self._interval_start = saved["reconfigure"], saved["interval_start"]
         self.pending, self.restarts = saved["pending"], saved["restarts"] + 1
+        self.last_val_loss = saved.get("last_val_loss") or float("nan")
 
     def _save(self) -> None:
         if self.state_path is None:
@@ -83,7 +87,7 @@ class Controller(RecordQueue):
         state = {"history": self.history[-self.HISTORY_KEPT:], "evaluations": self.evaluations[-self.EVALUATIONS_KEPT:],
                  "restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s,
                  "reconfigure": self.reconfigure, "interval_start": self._interval_start, "restarts": self.restarts,
-                 "pending": self.pending}
+                 "pending": self.pending, "last_val_loss": _finite(self.last_val_loss)}
         tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.state_path)
@@ -100,6 +104,8 @@ class Controller(RecordQueue):
 
     def push(self, record: dict) -> None:
         super().push(record)
+        if record.get("kind") == "eval":
+            self.last_val_loss = float(record["val_loss"])
         if record.get("kind") == "step":
             self._observe(record)
 
@@ -116,7 +122,7 @@ class Controller(RecordQueue):
         b_noise = self._decision_b_noise(b_noise)
         current = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
         d = decide(self.spec.policy, self.planner, current, b_noise, self.spec.critical_factor, self.spec.interval_s,
-                   self.costs())
+                   self.costs(), loss=self.last_val_loss)
         if d is None:
             self.evaluations.append({"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise,
                                      "switch": False, "reason": "nothing to decide"})
@@ -130,7 +136,11 @@ class Controller(RecordQueue):
                             "b_noise": b_noise if math.isfinite(b_noise) else None,
                             "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
                             "predicted_goodput": d.best.goodput, "current_predicted_goodput": d.current.goodput,
-                            "predicted_throughput": d.best.throughput, "predicted_efficiency": d.best.efficiency}
+                            "predicted_throughput": d.best.throughput, "predicted_efficiency": d.best.efficiency,
+                            "current_predicted_efficiency": d.current.efficiency,
+                            "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
+                            "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
+                            "val_loss": _finite(self.last_val_loss), "efficiency_source": self.planner.mapping.source}
         self._save()
 
     def decision(self) -> dict | None:
@@ -162,6 +172,14 @@ class Controller(RecordQueue):
         return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s, "restarts": self.restarts,
                 "reconfigure": self.reconfigure, "decisions": len(self.evaluations),
                 "steps_observed": len(self.history), "evaluations": self.evaluations[-200:]}
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return _finite(a / b) if b and math.isfinite(b) and b > 0 else None
 
 
 GoodputController = ray.remote(num_cpus=0)(Controller)

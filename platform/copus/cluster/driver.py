@@ -25,13 +25,14 @@ from typing import Callable
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig
 
+from copus.cluster.calibrate import calibration_path, load_calibration
 from copus.cluster.controller import ControllerSpec, GoodputController
 from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
 from copus.cluster.worker import gns_worker, train_worker
 from copus.config import ConfigError, ExperimentConfig
-from copus.core.planner import Planner, change_kind
+from copus.core.planner import change_kind, planner_for
 from copus.core.policies import initial_config
 from copus.core.throughput import Config
 from copus.progress import progress_line, reconfiguration_line, summary_text
@@ -59,18 +60,31 @@ def start_config(cfg: ExperimentConfig) -> Config:
     return Config(p.dp, p.tp, p.pp, b.mbs, b.gbs)
 
 
-def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None],
-                     b_noise_script: tuple | None = None) -> tuple[ControllerSpec, Config]:
+def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None], b_noise_script: tuple | None = None,
+                     data_fingerprint: str | None = None) -> tuple[ControllerSpec, Config]:
     """The controller's inputs (profile table → step-time model, memory-feasible search
-    space) and the policy's starting configuration. Profiles first when no table exists."""
+    space, the workload's calibration when one exists) and the policy's starting
+    configuration. Profiles first when no table exists. B0 of the efficiency and of the noise
+    scale is optimizer.reference_gbs, the GBS the base LR is right for."""
     table, model = load_or_profile(cfg, echo)
     throughputs = predicted_throughputs(table, model, feasible_space(cfg, table))
-    spec = ControllerSpec(cfg.policy.name, tuple(throughputs.items()), cfg.batch.gbs, cfg.policy.efficiency,
+    calibration = load_calibration(cfg, data_fingerprint) if data_fingerprint is not None else None
+    if calibration is not None:
+        levels = ", ".join(f"{_fmt(b['b_crit'])} at val loss {b['val_loss']:.2f}" for b in calibration["branch_points"])
+        echo(f"efficiency from the calibration {calibration_path(cfg, data_fingerprint).name} (measured critical "
+             f"batch {levels})")
+    b0 = cfg.optimizer.reference_gbs
+    spec = ControllerSpec(cfg.policy.name, tuple(throughputs.items()), b0, cfg.policy.efficiency,
                           cfg.gns.critical_factor, cfg.policy.threshold, cfg.policy.interval_s,
-                          cfg.policy.restart_cost_s, cfg.policy.in_place_cost_s, cfg.reconfigure, b_noise_script)
-    planner = Planner(list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], cfg.batch.gbs,
-                      cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold)
+                          cfg.policy.restart_cost_s, cfg.policy.in_place_cost_s, cfg.reconfigure, b_noise_script,
+                          calibration)
+    planner = planner_for(throughputs, b0, cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold,
+                          calibration)
     return spec, initial_config(cfg.policy.name, planner, start_config(cfg), cfg.policy.layout)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print,
@@ -87,7 +101,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     out.mkdir(parents=True, exist_ok=True)
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
     ensure_ray(cfg)
-    spec, start = controller_setup(cfg, echo, b_noise_script) if cfg.adaptive else (None, start_config(cfg))
+    spec, start = (controller_setup(cfg, echo, b_noise_script, tokens.fingerprint) if cfg.adaptive
+                   else (None, start_config(cfg)))
     current, moved = resume_config(state.current, start)
     if moved:
         echo(moved)
@@ -230,6 +245,8 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
             state.reconfigurations.append({**r, "change": change_kind(Config(**r["from"]), Config(**r["to"])),
                                            "downtime_s": None, "record_lost": True})
     state.reconfigurations.sort(key=lambda r: r["step"])
+    state.reconfigurations = audit_changes(out, state.reconfigurations, cfg.schedule.warmup_samples, tracker, run_id,
+                                           echo)
 
     # The final configuration: the layout and batch shape of the last step (in-place changes
     # happen inside a launch), or the last launch's when it took no step.
@@ -272,3 +289,56 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     tracker.log_dict(run_id, summary, "summary.json")
     echo(summary_text(summary))
     return summary
+
+
+def audit_changes(out: os.PathLike, entries: list[dict], warmup_samples: int, tracker: Tracker, run_id: str,
+                  echo: Callable[[str], None]) -> list[dict]:
+    """The reconfigurations, each with its predicted and realized statistical-efficiency gain
+    (`copus.core.audit.audit_reconfigurations`: ρ = progress per sample after the change over
+    before it, at matched loss, from the step records of OUTPUT_DIR/records.jsonl, against the
+    controller's SE(new GBS)/SE(old GBS)); both logged to MLflow at the change's step. The first
+    window before a change starts after the LR warm-up. An audit that fails leaves the run's
+    results as they are, with `audit_note` saying why."""
+    from copus.core.audit import audit_reconfigurations  # pure numpy/scipy
+
+    if not entries:
+        return entries
+    records = []
+    try:
+        with open(os.path.join(out, RECORDS_LOG)) as fh:
+            for line in fh:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short when a driver died mid-write
+                    continue
+        audited = audit_reconfigurations(entries, records, run_start_samples=warmup_samples)
+    except Exception as err:  # the audit is a by-product: never lose a run's summary to it
+        echo(f"warning: could not audit the reconfigurations ({type(err).__name__}: {err})")
+        note = f"audit failed: {type(err).__name__}"
+        return [{**e, "predicted_efficiency_gain": e.get("predicted_efficiency_gain"), "realized_efficiency_gain": None,
+                 "realized_efficiency_interval": None, "audit_points": None, "audit_note": note} for e in entries]
+    for entry in audited:
+        values = {k: entry[k] for k in ("predicted_efficiency_gain", "realized_efficiency_gain")
+                  if entry[k] is not None}
+        if values and entry.get("step") is not None:
+            tracker.log_values(run_id, values, step=int(entry["step"]))
+        if entry["audit_points"] is not None:
+            echo(f"audit step {entry['step']}: GBS {entry['from']['gbs']} -> {entry['to']['gbs']}, statistical "
+                 f"efficiency x{_fmt_gain(entry['predicted_efficiency_gain'])} predicted, "
+                 f"x{_fmt_gain(entry['realized_efficiency_gain'])} realized{_fmt_interval(entry)} "
+                 f"({entry['audit_note']})")
+    return audited
+
+
+def _fmt_gain(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def _fmt_interval(entry: dict) -> str:
+    """The realized gain's 95% interval; an interval that reaches the search bounds (1/20, 20)
+    says the loss curve could not tell."""
+    interval = entry.get("realized_efficiency_interval")
+    if not interval:
+        return ""
+    low, high = interval
+    return f" [95% {low:.2f}..{high:.2f}{', not determined by the curve' if low <= 0.051 or high >= 19.9 else ''}]"

@@ -4,12 +4,19 @@ speedup over the fastest baseline. Pure: no torch, no ray.
 speedup_vs_fastest_baseline = (fastest baseline's mean time to target) / (copus's mean) − 1,
 over the baselines (every policy but copus) that reached the target in every repeat; None
 when copus missed the target in any repeat or no baseline made it. With repeats, the paired
-per-repeat speedups (repeat r of every policy shares its seed) give the spread.
+per-repeat speedups (repeat r of every policy shares its seed) give the spread:
+`speedup_per_repeat` against the fastest baseline of each repeat, and
+`paired_speedup_per_repeat` against the fastest baseline by mean (t_baseline,r / t_copus,r − 1),
+whose mean `paired_speedup_mean` comes with a 95% Student-t interval `paired_speedup_ci95`
+(null with fewer than 2 repeats).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+
+from scipy import stats as scipy_stats
 
 
 def _stats(values: list[float]) -> tuple[float | None, float | None]:
@@ -53,4 +60,25 @@ def _speedup(runs: list[dict], stats: dict, baselines: list[str]) -> dict:
         if ours and theirs:
             paired.append(min(theirs) / ours[0] - 1)
     return {"speedup_vs_fastest_baseline": stats[fastest]["time_to_target_s"] / stats["copus"]["time_to_target_s"] - 1,
-            "fastest_baseline": fastest, "speedup_std": _stats(paired)[1], "speedup_per_repeat": paired}
+            "fastest_baseline": fastest, "speedup_std": _stats(paired)[1], "speedup_per_repeat": paired,
+            **paired_against(runs, fastest)}
+
+
+def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """Mean and 95% Student-t interval of the mean (None with fewer than 2 values)."""
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    half = scipy_stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, [float(mean - half), float(mean + half)]
+
+
+def paired_against(runs: list[dict], baseline: str) -> dict:
+    """COPUS against one baseline, repeat by repeat (same seed): t_baseline / t_copus − 1."""
+    by = {(r["policy"], r["repeat"]): r["time_to_target_s"] for r in runs}
+    paired = [by[(baseline, k)] / by[("copus", k)] - 1 for k in sorted({r["repeat"] for r in runs})
+              if by.get(("copus", k)) and by.get((baseline, k))]
+    mean, ci = mean_ci95(paired)
+    return {"paired_speedup_per_repeat": paired, "paired_speedup_mean": mean, "paired_speedup_ci95": ci}

@@ -49,9 +49,24 @@ def efficiency(form: str, b_noise: float, b0: float, b, critical_factor: float =
 def adascale_gain(grad_sqr: float, grad_var: float, b0: float, b: float) -> float:
     """AdaScale's gain r = (var + sqr) / (var/s + sqr), s = b/b0, var = tr(Σ)/b0 (the
     gradient variance at the reference batch): 1 at b = b0, at most s. Falls back to 1 while
-    the estimates are not yet usable."""
+    the estimates are not yet usable. When the smoothed |G|² is not positive the gradient is
+    all noise: r = s, which agrees with SE = 1 at every batch size (`statistical_efficiency`
+    with B_noise = inf), as in AdaptDL."""
     s = b / b0
     var = grad_var / b0
-    if not (math.isfinite(grad_sqr) and math.isfinite(var)) or grad_sqr <= 0 or var < 0:
+    if not (math.isfinite(grad_sqr) and math.isfinite(var)) or var < 0:
         return 1.0
+    if grad_sqr <= 0:
+        return s if var > 0 else 1.0
     return (var + grad_sqr) / (var / s + grad_sqr)
+
+
+def adascale_lr_multiplier(gain: float, optimizer: str = "adamw") -> float:
+    """The LR multiplier for AdaScale's gain r: r for SGD, √r for Adam/AdamW (AdaptDL's Adam
+    form: Adam's update is normalised by √v, so a gain in progress per step needs only the
+    square root of it in learning rate, as the √ batch rule). COPUS trains with AdamW."""
+    if optimizer == "sgd":
+        return gain
+    if optimizer in ("adam", "adamw"):
+        return math.sqrt(gain)
+    raise ValueError(f"optimizer: unknown optimizer {optimizer!r}")

@@ -3,7 +3,9 @@ switch is worth it.
 
     goodput(cfg) = throughput(cfg) [samples/s, from the step-time model] × SE(cfg.gbs)
 
-SE from the current gradient noise scale in the chosen form (`copus.core.efficiency`).
+SE from the current gradient noise scale through the run's efficiency mapping
+(`copus.core.calibration`): the configured factor c × B_noise in the chosen form, or the
+critical batch and efficiency curve a calibration measured, at the current loss.
 A switch happens only when the best candidate beats the current configuration by the
 threshold (default 10 %) and its gain over the next decision interval outweighs the cost of
 getting there (`SwitchCosts`): a change of GBS alone is made in place (cost ≈ 0); a change of
@@ -23,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from copus.core.efficiency import efficiency
+from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
 from copus.core.throughput import Config
 
 
@@ -80,7 +82,9 @@ class Decision:
 
 class Planner:
     def __init__(self, candidates: list[Config], throughput: Callable[[list[Config]], np.ndarray], b0: int,
-                 form: str = "pollux", critical_factor: float = 2.0, threshold: float = 0.10):
+                 form: str = "pollux", critical_factor: float = 2.0, threshold: float = 0.10, mapping=None):
+        """`mapping` (a `copus.core.calibration` mapping) turns the live noise scale into SE and a
+        critical batch; by default c × B_noise in `form` with `critical_factor`."""
         if not candidates:
             raise ValueError("the search space has no feasible configuration")
         self.candidates = list(candidates)
@@ -88,46 +92,52 @@ class Planner:
         self.gbs = np.array([c.gbs for c in self.candidates], dtype=float)
         self.index = {c: i for i, c in enumerate(self.candidates)}
         self.b0, self.form, self.critical_factor, self.threshold = b0, form, critical_factor, threshold
+        self.mapping = mapping if mapping is not None else NoiseScaleMapping(form, critical_factor)
 
-    def _efficiency(self, b_noise: float) -> np.ndarray:
-        se = efficiency(self.form, b_noise, self.b0, self.gbs, self.critical_factor)
+    def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
+        return self.mapping.critical_batch(b_noise, loss)
+
+    def _efficiency(self, b_noise: float, loss: float = float("nan")) -> np.ndarray:
+        se = self.mapping.efficiency(b_noise, loss, self.b0, self.gbs)
         # Before the noise scale is known, treat every batch size as equally efficient only at
         # B0 and let larger ones pay fully (SE = B0/B): no evidence, no credit.
         return np.where(np.isnan(se), np.minimum(1.0, self.b0 / self.gbs), se)
 
-    def goodputs(self, b_noise: float) -> np.ndarray:
-        return self.throughputs * self._efficiency(b_noise)
+    def goodputs(self, b_noise: float, loss: float = float("nan")) -> np.ndarray:
+        return self.throughputs * self._efficiency(b_noise, loss)
 
-    def score(self, cfg: Config, b_noise: float) -> Scored:
+    def score(self, cfg: Config, b_noise: float, loss: float = float("nan")) -> Scored:
         i = self.index[cfg]
-        se = float(self._efficiency(b_noise)[i])
+        se = float(self._efficiency(b_noise, loss)[i])
         return Scored(cfg, float(self.throughputs[i]), se, float(self.throughputs[i]) * se)
 
     def best(self, b_noise: float, allowed: Callable[[Config], bool] | None = None,
-             by: str = "goodput") -> Scored:
+             by: str = "goodput", loss: float = float("nan")) -> Scored:
         """The best candidate by goodput (or by throughput alone), among `allowed` ones."""
-        values = self.goodputs(b_noise) if by == "goodput" else self.throughputs.copy()
+        values = self.goodputs(b_noise, loss) if by == "goodput" else self.throughputs.copy()
         if allowed is not None:
             mask = np.array([allowed(c) for c in self.candidates])
             if not mask.any():
                 raise ValueError("no candidate satisfies the policy's constraint")
             values = np.where(mask, values, -np.inf)
-        return self.score(self.candidates[int(np.argmax(values))], b_noise)
+        return self.score(self.candidates[int(np.argmax(values))], b_noise, loss)
 
     def decide(self, current: Config, b_noise: float, interval_s: float, costs: SwitchCosts,
-               allowed: Callable[[Config], bool] | None = None, target: Config | None = None) -> Decision:
+               allowed: Callable[[Config], bool] | None = None, target: Config | None = None,
+               loss: float = float("nan")) -> Decision:
         """Whether to move from `current`, and where: the candidate with the most goodput over
-        the next interval net of its switching cost (or the policy's `target`)."""
-        now = self.score(current, b_noise) if current in self.index else Scored(current, float("nan"), float("nan"), 0.0)
+        the next interval net of its switching cost (or the policy's `target`). `loss`: the
+        run's progress (latest validation loss), for a mapping that depends on it."""
+        now = self.score(current, b_noise, loss) if current in self.index else Scored(current, float("nan"), float("nan"), 0.0)
         chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput criterion
         if target is None:
-            goodput = self.goodputs(b_noise)
+            goodput = self.goodputs(b_noise, loss)
             cost = np.array([costs.of(current, c) for c in self.candidates])
             net = goodput * np.clip(1.0 - cost / interval_s, 0.0, None)
             if allowed is not None:
                 net = np.where([allowed(c) for c in self.candidates], net, -np.inf)
             target = self.candidates[int(np.argmax(net))]
-        best = self.score(target, b_noise)
+        best = self.score(target, b_noise, loss)
         kind, cost = change_kind(current, best.config), costs.of(current, best.config)
         gain = best.goodput / now.goodput - 1 if now.goodput > 0 else float("inf")
         if best.config == current:
@@ -140,3 +150,13 @@ class Planner:
             return Decision(now, best, False, kind, cost, gain,
                             f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s")
         return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")
+
+
+def planner_for(throughputs: dict[Config, float], b0: int, form: str, critical_factor: float, threshold: float,
+                calibration: dict | None = None) -> Planner:
+    """The planner over a profiled search space ({config: samples/s}), with the calibrated
+    efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`."""
+    mapping = (mapping_from_calibration(calibration, b0, critical_factor) if calibration is not None
+               else NoiseScaleMapping(form, critical_factor))
+    return Planner(list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], b0, form, critical_factor,
+                   threshold, mapping)

@@ -1,12 +1,16 @@
 """Batch-size and layout policies. They share everything (planner, controller, in-place
 changes and restarts) except two choices: where to start and what to move to.
 
-- copus:           start from the experiment's configuration; move to the candidate with the
-                   best goodput (GBS, MBS and layout all adapt), with hysteresis and cost.
+- copus:           start where static (`policy.layout: best`) starts, the profile's fastest
+                   layout and MBS for `batch.gbs` (so a comparison measures adaptation, not a
+                   worse start); move to the candidate with the best goodput (GBS, MBS and
+                   layout all adapt), with hysteresis and cost.
 - static:          fixed GBS (`batch.gbs`); the given layout (`policy.layout: given`) or the
                    one with the best throughput for that GBS in the profile (`best`); never moves.
-- cbs:             GBS follows the critical batch size c × B_noise (nearest GBS of the grid the
-                   layout admits), layout and MBS fixed at the experiment's.
+- cbs:             GBS follows the critical batch size (the planner's mapping: c × B_noise, or
+                   the calibrated one; nearest GBS of the grid the layout admits), layout and
+                   MBS fixed at the experiment's. COPUS and the cbs baselines read the same
+                   evidence through the same mapping.
 - cbs-pessimistic: as cbs, with the layout and MBS of best throughput at the initial GBS.
 - cbs-optimistic:  as cbs, with the layout and MBS of best throughput at the largest GBS.
 
@@ -34,9 +38,9 @@ def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
 def initial_config(policy: str, planner: Planner, start: Config, static_layout: str = "given") -> Config:
     """Where a run of `policy` starts (before any gradient noise is known)."""
     at_gbs = lambda g: (lambda c: c.gbs == g)  # noqa: E731 - a small predicate factory
-    if policy in ("copus", "cbs") or (policy == "static" and static_layout == "given"):
+    if policy == "cbs" or (policy == "static" and static_layout == "given"):
         return start
-    if policy in ("static", "cbs-pessimistic"):
+    if policy in ("copus", "static", "cbs-pessimistic"):
         return planner.best(float("nan"), at_gbs(start.gbs), by="throughput").config
     if policy == "cbs-optimistic":
         largest = max(c.gbs for c in planner.candidates)
@@ -46,15 +50,17 @@ def initial_config(policy: str, planner: Planner, start: Config, static_layout: 
 
 
 def decide(policy: str, planner: Planner, current: Config, b_noise: float, critical_factor: float,
-           interval_s: float, costs: SwitchCosts) -> Decision | None:
-    """The policy's decision now, or None when it has nothing to decide."""
+           interval_s: float, costs: SwitchCosts, loss: float = float("nan")) -> Decision | None:
+    """The policy's decision now, or None when it has nothing to decide. `loss` is the run's
+    progress (latest validation loss). `critical_factor` is kept for callers of the old
+    signature; the critical batch comes from the planner's mapping, which holds the factor."""
     if policy == "static":
         return None
     if policy == "copus":
-        return planner.decide(current, b_noise, interval_s, costs)
+        return planner.decide(current, b_noise, interval_s, costs, loss=loss)
     if policy.startswith("cbs"):
         if not math.isfinite(b_noise) or b_noise <= 0:
             return None
-        target = nearest_gbs(planner, current, critical_factor * b_noise)
-        return planner.decide(current, b_noise, interval_s, costs, target=target)
+        target = nearest_gbs(planner, current, planner.critical_batch(b_noise, loss))
+        return planner.decide(current, b_noise, interval_s, costs, target=target, loss=loss)
     raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")

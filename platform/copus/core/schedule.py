@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from copus.core.efficiency import adascale_lr_multiplier
+
 
 def batch_scale(rule: str, gbs: int, reference_gbs: int) -> float:
     """LR multiplier for training at `gbs` instead of `reference_gbs`.
@@ -51,8 +53,9 @@ class LRSchedule:
 
     def lr(self, samples_seen: int, gbs: int, gain: float | None = None) -> float:
         """The LR of the step that starts at `samples_seen` with batch size `gbs`. With the
-        adascale rule the multiplier is AdaScale's gain r (`copus.core.efficiency.adascale_gain`,
-        1 until the noise scale is known), which warm-up and decay then shape as for the others."""
-        scale = (gain if gain is not None else 1.0) if self.scaling == "adascale" else \
+        adascale rule the multiplier is √r of AdaScale's gain r for AdamW
+        (`copus.core.efficiency.adascale_gain`, `adascale_lr_multiplier`; 1 until the noise scale
+        is known), which warm-up and decay then shape as for the others."""
+        scale = adascale_lr_multiplier(gain if gain is not None else 1.0) if self.scaling == "adascale" else \
             batch_scale(self.scaling, gbs, self.reference_gbs)
         return self.base_lr * scale * self.shape(samples_seen)

@@ -10,13 +10,18 @@ Three models stand in for what a real run measures:
   the data-parallel ring all-reduce, the optimiser step over HBM. Memory feasibility from
   `copus.core.memory` (bf16 activations, AdamW state sharded over dp as with Megatron's
   distributed optimiser).
-- **Training**: loss as a function of tokens, Hoffmann et al. 2022 (Chinchilla):
-  L(N, D) = E + A / N^α + B / D^β, and the critical batch size as a function of the loss,
-  Kaplan et al. 2020: B_crit(L) = B* / L^(1/α_B) tokens, so it grows as training proceeds; the
-  noise scale the controller sees is B_crit / c (c = the critical factor). A step of GBS B
-  advances D by B x seq_len x SE(B), SE in the same form and from the same function the
-  controller uses: a batch beyond the noise scale buys less progress per sample. D is thus
-  "tokens at a small batch"; the curve's constants are overridable for another calibration.
+- **Training truth**, kept apart from what the planner believes (its form and critical
+  factor are never used here). Loss as a function of effective tokens, Hoffmann et al. 2022
+  (Chinchilla): L(N, D) = E + A / N^α + B / D^β; the true critical batch as a function of the
+  loss, either Kaplan et al. 2020, B_crit(L) = B* / L^(1/α_B) tokens (`CriticalBatch`), or
+  measured by `copus calibrate` (`CalibratedCriticalBatch`: branch points' B_crit
+  interpolated linearly in the loss). Progress follows McCandlish et al. 2018:
+  E(B) = E_min (1 + B / B_crit), so a step of B samples is worth B · B_crit / (B_crit + B)
+  samples at a vanishingly small batch; D counts those ("tokens at a small batch").
+- **The planner's view** (`NoiseEstimate`): the noise scale a controller would report, off
+  from the truth by a mapping error m and a multiplicative estimation noise ε (seeded):
+  b_noise = m · ε · B_crit / c, so the planner's own c × b_noise is m · ε · B_crit. With
+  m = 1 and ε = 1 the planner's critical batch is the true one; its SE form is its own.
 - **Reconfiguration cost** (`ReconfigurationCosts`): a fixed start-up plus the training state
   moved over the network (in place) or written to and read from storage (restart).
 
@@ -34,7 +39,6 @@ import numpy as np
 
 from copus.core import planner as planner_module
 from copus.core import policies
-from copus.core.efficiency import efficiency
 from copus.core.hardware import NodeSpec
 from copus.core.layout import ModelShape
 from copus.core.memory import bytes_per_rank, fits
@@ -72,38 +76,97 @@ class CriticalBatch:
     alpha_b: float = 0.21
     flat_tokens: float | None = None
 
+    @property
+    def source(self) -> str:
+        return "flat" if self.flat_tokens is not None else "published fit (Kaplan et al. 2020)"
+
     def tokens(self, loss: float) -> float:
         if self.flat_tokens is not None:
             return self.flat_tokens
         return self.b_star_tokens / loss ** (1.0 / self.alpha_b)
 
 
+@dataclass(frozen=True)
+class CalibratedCriticalBatch:
+    """B_crit(L) measured at branch points (`copus calibrate`): linear in the loss between
+    them, held at the end values beyond them. `losses` and `b_crit_tokens` pair up."""
+    losses: tuple[float, ...]
+    b_crit_tokens: tuple[float, ...]
+    source: str = "calibration"
+
+    def __post_init__(self):
+        if not self.losses or len(self.losses) != len(self.b_crit_tokens):
+            raise ValueError("calibration: branch points need a loss and a critical batch each")
+
+    @classmethod
+    def from_branch_points(cls, points: list[dict], seq_len: int, source: str = "calibration") -> "CalibratedCriticalBatch":
+        """From `branch_points` entries (`val_loss`, `b_crit` in sequences; `decrement`, when
+        given, places the measurement at the middle of the loss drop it ran over, as
+        `copus.core.calibration.BranchFit.level`). A null `b_crit` (none measured) is left out."""
+        pairs = sorted((p["val_loss"] - p.get("decrement", 0.0) / 2, p["b_crit"] * seq_len)
+                       for p in points if p.get("b_crit") is not None)
+        return cls(tuple(x for x, _ in pairs), tuple(y for _, y in pairs), source)
+
+    def tokens(self, loss: float) -> float:
+        return float(np.interp(loss, self.losses, self.b_crit_tokens))
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The noise scale the planner is given, from the true critical batch B_crit (samples):
+
+        b_noise = m · ε · B_crit / c
+
+    m the mapping error (how far the planner's c × B_noise is off the true critical batch),
+    c the planner's critical factor, ε the estimate's relative noise: lognormal, ε = exp(σ z),
+    or gaussian, ε = max(1 + σ z, 0.01), z ~ N(0, 1) from a generator seeded with `seed`."""
+    mapping_error: float = 1.0
+    noise: float = 0.0
+    distribution: str = "lognormal"
+    seed: int = 0
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+    def factor(self, rng: np.random.Generator) -> float:
+        if self.noise <= 0:
+            return 1.0
+        z = float(rng.standard_normal())
+        if self.distribution == "lognormal":
+            return math.exp(self.noise * z)
+        if self.distribution == "gaussian":
+            return max(1.0 + self.noise * z, 0.01)
+        raise ValueError(f"estimate.distribution: unknown distribution {self.distribution!r} (known: lognormal, gaussian)")
+
+    def b_noise(self, b_crit: float, critical_factor: float, rng: np.random.Generator) -> float:
+        return b_crit * self.mapping_error * self.factor(rng) / critical_factor
+
+
 @dataclass
 class TrainingModel:
-    """The statistical side of a simulated run: effective tokens seen, loss, noise scale.
-    Effective tokens count a sample at its statistical efficiency relative to a vanishingly
-    small batch, SE(B) = n / (n + B) with n the (scaled) noise scale: the same `efficiency`
-    function the controller scores with, at B0 → 0, so the truth does not depend on where a
-    policy starts (the controller's own B0 only rescales its scores, not their order)."""
+    """The statistical truth of a simulated run: effective tokens seen, loss, critical batch.
+    A step of B samples is worth B · B_crit / (B_crit + B) samples at a vanishingly small
+    batch (McCandlish et al. 2018, E(B) = E_min (1 + B / B_crit), B_crit at the current loss):
+    nothing of the planner's form or critical factor enters, so the truth does not follow
+    what the planner believes, nor depend on where a policy starts."""
     params: float
     seq_len: int
-    form: str = "pollux"
-    critical_factor: float = 2.0
     curve: LossCurve = field(default_factory=LossCurve)
-    critical: CriticalBatch = field(default_factory=CriticalBatch)
-    tokens: float = 0.0   # effective tokens: tokens at B0 that would have brought the same progress
+    critical: CriticalBatch | CalibratedCriticalBatch = field(default_factory=CriticalBatch)
+    tokens: float = 0.0   # effective tokens: tokens at a vanishingly small batch that would have brought the same progress
 
     @property
     def loss(self) -> float:
         return self.curve.loss(self.params, self.tokens)
 
     @property
-    def b_noise(self) -> float:
-        """The gradient noise scale in samples, as the controller's estimate would report it."""
-        return self.critical.tokens(self.loss) / self.seq_len / self.critical_factor
+    def b_crit(self) -> float:
+        """The true critical batch in samples (sequences) at the current loss."""
+        return self.critical.tokens(self.loss) / self.seq_len
 
     def step(self, gbs: int) -> None:
-        self.tokens += gbs * self.seq_len * efficiency(self.form, self.b_noise, 0.0, gbs, self.critical_factor)
+        b_crit = self.b_crit
+        self.tokens += gbs * self.seq_len * b_crit / (b_crit + gbs)
 
 
 @dataclass(frozen=True)
@@ -205,14 +268,15 @@ class Setting:
     gbs_max: int
     mbs: tuple[int, ...]
     target_loss: float
-    form: str = "pollux"
+    form: str = "pollux"              # the planner's beliefs: SE form and critical factor
     critical_factor: float = 2.0
     threshold: float = 0.10
     interval_s: float = 600.0
     reconfigure: str = "in_place"
     costs: ReconfigurationCosts = ReconfigurationCosts()
-    curve: LossCurve = LossCurve()
-    critical: CriticalBatch = CriticalBatch()
+    curve: LossCurve = LossCurve()   # the truth: loss curve and critical batch
+    critical: CriticalBatch | CalibratedCriticalBatch = CriticalBatch()
+    estimate: NoiseEstimate = NoiseEstimate()   # what the planner is told of the truth
     max_hours: float = 24.0 * 60
     layouts: tuple[tuple[int, int, int], ...] | None = None
 
@@ -245,7 +309,7 @@ class SimResult:
     final_loss: float
     start: Config
     final: Config
-    timeline: list[dict]   # (time, loss, b_noise, gbs, layout) about every decision interval
+    timeline: list[dict]   # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
 
     def as_dict(self) -> dict:
         return {"time_to_target_s": self.time_to_target_s, "steps": self.steps, "samples": self.samples,
@@ -254,17 +318,21 @@ class SimResult:
 
 
 def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | None = None) -> SimResult:
-    """One simulated run of `policy` until the target loss (or `max_hours` of simulated time)."""
+    """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
+    The truth (`TrainingModel`) advances every step; at every decision the policy sees the
+    noise-scale estimate `s.estimate` draws from the true critical batch."""
     cands, throughputs = space or search_space(s)
     plan = make_planner(s, cands, throughputs)
     step_times = {c: c.gbs / t for c, t in zip(cands, throughputs)}
     start = s.start if s.start in step_times else min(cands, key=lambda c: abs(math.log(c.gbs / s.start.gbs)))
     current = policies.initial_config(policy, plan, start, "best")
-    model = TrainingModel(s.shape.param_count(), s.seq_len, s.form, s.critical_factor, s.curve, s.critical)
+    model = TrainingModel(s.shape.param_count(), s.seq_len, s.curve, s.critical)
+    rng = s.estimate.rng()
     costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
     t, steps, samples, next_decision, limit = 0.0, 0, 0, s.interval_s, s.max_hours * 3600
     changes: list[dict] = []
-    timeline = [{"t": 0.0, "loss": model.loss, "b_noise": model.b_noise, "gbs": current.gbs, "layout": current.label()}]
+    timeline = [{"t": 0.0, "loss": model.loss, "b_crit": model.b_crit, "b_noise": float("nan"), "gbs": current.gbs,
+                 "layout": current.label()}]
     while model.loss > s.target_loss and t < limit:
         t += step_times[current]
         model.step(current.gbs)
@@ -273,13 +341,15 @@ def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | N
         if t < next_decision:
             continue
         next_decision = t + s.interval_s
-        timeline.append({"t": t, "loss": model.loss, "b_noise": model.b_noise, "gbs": current.gbs,
+        b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
+        timeline.append({"t": t, "loss": model.loss, "b_crit": model.b_crit, "b_noise": b_noise, "gbs": current.gbs,
                          "layout": current.label()})
-        d = policies.decide(policy, plan, current, model.b_noise, s.critical_factor, s.interval_s, costs)
+        d = policies.decide(policy, plan, current, b_noise, s.critical_factor, s.interval_s, costs)
         if d is not None and d.switch:
             downtime = costs.of(current, d.target)
             changes.append({"t": t, "from": current.__dict__, "to": d.target.__dict__, "change": d.kind,
-                            "downtime_s": downtime, "b_noise": model.b_noise, "predicted_gain": d.predicted_gain})
+                            "downtime_s": downtime, "b_noise": b_noise, "b_crit": model.b_crit,
+                            "predicted_gain": d.predicted_gain})
             t += downtime
             current = d.target
     reached = model.loss <= s.target_loss

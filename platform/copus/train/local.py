@@ -32,7 +32,7 @@ def persist_into(root: Path) -> Callable[[Path, dict], None]:
 def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
               batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
               decide: Callable[[int, Config], dict | None] | None = None,
-              faults: Faults = Faults()) -> tuple[list[dict], dict, dict]:
+              faults: Faults = Faults(), data_offset: int = 0) -> tuple[list[dict], dict, dict]:
     """Train; return (rank 0's metrics records, final state, final parameters on the CPU).
     `decide` stands in for the controller (asked on rank 0 at every step boundary)."""
     records: list[dict] = []
@@ -46,7 +46,7 @@ def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
 
     hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
                       resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None,
-                      batch_size=batch_size, decide=decide, faults=faults)
+                      batch_size=batch_size, decide=decide, faults=faults, data_offset=data_offset)
     final = run_training(plan, hooks, on_finish=keep_params)
     return records, final, params
 

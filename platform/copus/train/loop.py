@@ -73,6 +73,9 @@ class LoopHooks:
     faults: Faults = field(default_factory=Faults)
     # Rank 0 adds the global batch's sample indices to every step record (tests of sample accounting).
     record_sample_ids: bool = False
+    # Samples of the data order to skip after resuming (a calibration's second seed continues a
+    # branch point on other data than the first).
+    data_offset: int = 0
 
 
 def world_rank_size() -> tuple[int, int]:
@@ -233,6 +236,7 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
+        stream.samples_consumed += hooks.data_offset
         state.update({k: saved[k] for k in state if k in saved})
         state["reconfigure"] = None  # done: this launch runs in the new configuration
         if gns is not None and "gns" in saved:

@@ -1,0 +1,314 @@
+"""`copus calibrate EXPERIMENT.yaml`: measure the critical batch of a workload.
+
+1. A reference run at the reference GBS (B0 = optimizer.reference_gbs) from the experiment's
+   initial weights leaves a checkpoint at every branch point (`calibration.branch_samples`),
+   and the noise scale is measured at each (raw and Adam-preconditioned, at fixed weights).
+2. From every branch point, at every GBS of the grid (`calibration.gbs`) and for every seed,
+   a continuation trains with the experiment's LR rule until the validation loss is
+   `calibration.decrement` below the branch point's. These runs are independent: they are
+   Ray Tune trials (a grid search), one at a time on a small machine (each takes the
+   driver's cores), side by side on a cluster (`calibration.cpus_per_trial`).
+3. Each branch point is fitted (copus.core.calibration) and the calibration is written,
+   atomically, beside the experiment's profile table as calibration-<id>.json; the Goodput
+   controller of every later run of the same workload reads it.
+
+Restartable: the reference run's branch points and every finished continuation are kept in
+calibration-<id>/ in the profile directory; a rerun (after Ctrl-C, say) does only what is
+missing. MLflow: a parent run with the fits, a child run per continuation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import ray
+from ray import tune
+
+from copus.cluster.launch import ensure_ray, prepare_plan
+from copus.config import ConfigError, ExperimentConfig
+from copus.core.calibration import CalibrationResult, fit_branch, with_noise_scales
+from copus.tracking import Tracker, flatten
+from copus.train.plan import WorkerPlan
+
+SCHEMA_VERSION = 1
+# How a continuation's samples to the decrement are read off its validation curve; part of the
+# work folder's id, so points measured another way are never mixed in.
+CROSSING_METHOD = "isotonic-trend, overshoot decrement/3"
+
+
+def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
+    """What the statistics of a batch size depend on: the model, the data, the optimiser and
+    its LR rule, the noise estimator. Not the hardware, the layout or the seed: one calibration
+    serves every cluster and every repeat of the workload."""
+    o, s, g = cfg.optimizer, cfg.schedule, cfg.gns
+    return {"schema_version": SCHEMA_VERSION, "kind": "calibration",
+            "workload": {"model": cfg.workload.model, "seq_len": cfg.workload.seq_len, "data": data_fingerprint},
+            "optimizer": {"lr": o.lr, "reference_gbs": o.reference_gbs, "lr_scaling": o.lr_scaling,
+                          "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip},
+            "schedule": s.model_dump(mode="json"),
+            "gns": {"smoothing": g.smoothing, "precondition": g.precondition}}
+
+
+def _id(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Path:
+    return cfg.resolved_profile_dir() / f"calibration-{_id(calibration_key(cfg, data_fingerprint))}.json"
+
+
+def load_calibration(cfg: ExperimentConfig, data_fingerprint: str) -> dict | None:
+    """The workload's calibration, if one was made (and its key matches); else None."""
+    path = calibration_path(cfg, data_fingerprint)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if data.get("key") == calibration_key(cfg, data_fingerprint) else None
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def check_settings(cfg: ExperimentConfig) -> None:
+    """The calibration's grid and branch points, refused with one line naming the field."""
+    grid, b0 = cfg.calibration_grid(), cfg.optimizer.reference_gbs
+    if len(grid) < 4 or grid[-1] < 16 * grid[0]:
+        raise ConfigError(f"calibration.gbs: need at least 4 batch sizes spanning at least 16x, got {grid}")
+    bad = [s for s in cfg.calibration_branches() if s <= 0 or s % b0]
+    if bad or len(cfg.calibration_branches()) < 2:
+        raise ConfigError(f"calibration.branch_samples: need at least 2 positive multiples of optimizer.reference_gbs "
+                          f"({b0}), got {cfg.calibration_branches()}")
+    if cfg.optimizer.reference_gbs < 2:
+        raise ConfigError("optimizer.reference_gbs: the calibration measures the noise scale at B0, which needs B0 >= 2")
+
+
+# --- what runs on the Ray workers ---------------------------------------------------------
+
+def _use_cores(cpus: float) -> None:
+    import torch
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+def _reference_task(plan: WorkerPlan, branches: list[int], out_dir: str, val_samples: int, gns_steps: int,
+                    cpus: float) -> list[dict]:
+    from copus.train.calibrate import branch_noise_scales, reference_run
+    _use_cores(cpus)
+    points = reference_run(plan, branches, Path(out_dir), val_samples)
+    for p in points:
+        p.update(branch_noise_scales(plan, Path(p["checkpoint"]), gns_steps))
+    return points
+
+
+def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
+    """One Ray Tune trial: one continuation (branch point, GBS, seed)."""
+    from copus.train.calibrate import continue_branch
+    _use_cores(settings["cpus"])
+    point = config["point"]
+    result = continue_branch(plan, Path(point["checkpoint"]), point["start"], point["gbs"], point["seed"],
+                             settings["decrement"], settings["max_samples"], settings["eval_every_samples"],
+                             settings["val_samples"])
+    tune.report({**result, "branch": point["branch"]})
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+class _Progress(tune.Callback):
+    """A line per finished continuation; its point file and MLflow child run."""
+
+    def __init__(self, on_point: Callable[[dict], None]):
+        self.on_point = on_point
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.on_point({**trial.config["point"], **{k: result[k] for k in (
+            "samples", "steps", "reached", "target_val_loss", "wall_clock_s", "curve_samples", "curve_val_loss")}})
+
+
+def _point_name(p: dict) -> str:
+    return f"b{p['branch']}-gbs{p['gbs']}-s{p['seed']}"
+
+
+class Calibration:
+    """One calibration's state on disk and in MLflow, and the steps that fill it."""
+
+    def __init__(self, cfg: ExperimentConfig, echo: Callable[[str], None]):
+        check_settings(cfg)
+        self.cfg, self.echo = cfg, echo
+        tokens, self.plan = prepare_plan(cfg)
+        self.key = calibration_key(cfg, tokens.fingerprint)
+        self.path = calibration_path(cfg, tokens.fingerprint)
+        c = cfg.calibration
+        self.settings = {"gbs": cfg.calibration_grid(), "branch_samples": cfg.calibration_branches(),
+                         "decrement": c.decrement, "seeds": c.seeds, "eval_every_samples": c.eval_every_samples,
+                         "val_samples": c.val_samples or cfg.eval.val_samples, "max_samples": c.max_samples,
+                         "gns_steps": c.gns_steps, "cpus": c.cpus_per_trial or float(os.cpu_count() or 1)}
+        # The work folder is keyed by the settings too: other settings, other runs.
+        self.work = self.path.with_suffix("") / _id({**self.settings, "cpus": None, "key": self.key,
+                                                     "crossing": CROSSING_METHOD})
+        (self.work / "points").mkdir(parents=True, exist_ok=True)
+        self.tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
+        self.parent: str | None = None
+
+    def branch_points(self) -> list[dict]:
+        """The reference run's branch points (run once, kept)."""
+        path = self.work / "branches.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        s = self.settings
+        self.echo(f"reference run at gbs {self.cfg.optimizer.reference_gbs} to {max(s['branch_samples'])} samples, "
+                  f"branching at {s['branch_samples']}")
+        task = ray.remote(_reference_task).options(num_cpus=s["cpus"])
+        points = ray.get(task.remote(self.plan, s["branch_samples"], str(self.work / "branches"), s["val_samples"],
+                                     s["gns_steps"], s["cpus"]))
+        for i, p in enumerate(points):
+            self.echo(f"  branch {i}: {p['samples']} samples, val loss {p['val_loss']:.3f}, B_noise {p['b_noise']:.1f} "
+                      f"(Adam {p['b_noise_adam']:.1f}, run's estimate {p['b_noise_run']:.1f})")
+        _write_json(path, points)
+        return points
+
+    def done(self) -> dict[str, dict]:
+        return {f.stem: json.loads(f.read_text()) for f in (self.work / "points").glob("*.json")}
+
+    def record_point(self, point: dict) -> None:
+        _write_json(self.work / "points" / f"{_point_name(point)}.json", point)
+        total = len(self.settings["gbs"]) * len(self.settings["branch_samples"]) * self.settings["seeds"]
+        reached = (f"{point['samples']:.0f} samples ({point['steps']:.1f} steps)" if point["reached"]
+                   else f"not reached in {self.settings['max_samples']} samples")
+        self.echo(f"[{len(self.done())}/{total}] branch {point['branch']} (val {point['start']['val_loss']:.3f}) "
+                  f"gbs {point['gbs']} seed {point['seed']}: -{self.settings['decrement']} in {reached}, "
+                  f"{point['wall_clock_s']:.1f} s")
+        self._log_child(point)
+
+    def _log_child(self, point: dict) -> None:
+        if self.parent is None:
+            return
+        run = self.tracker.start_run(f"calibrate/{_point_name(point)}", {"branch": str(point["branch"]),
+                                     "gbs": str(point["gbs"]), "seed": str(point["seed"])},
+                                     {"kind": "calibration-point"}, self.parent)
+        values = {"samples_to_decrement": point["samples"], "steps_to_decrement": point["steps"]}
+        self.tracker.log_values(run, {k: v for k, v in values.items() if math.isfinite(v)}, step=0)
+        for s, v in zip(point["curve_samples"], point["curve_val_loss"]):
+            self.tracker.log_values(run, {"val_loss": v}, step=int(s))
+        self.tracker.finish(run)
+
+    def pending_points(self, branches: list[dict]) -> list[dict]:
+        done = self.done()
+        points = [{"branch": i, "gbs": g, "seed": k, "checkpoint": b["checkpoint"],
+                   "start": {"samples": b["samples"], "val_loss": b["val_loss"]}}
+                  for i, b in enumerate(branches) for g in self.settings["gbs"] for k in range(self.settings["seeds"])]
+        return [p for p in points if _point_name(p) not in done]
+
+    def run_trials(self, pending: list[dict]) -> float:
+        """The pending continuations as one Ray Tune grid; returns Tune's wall-clock."""
+        t = time.time()
+        trainable = tune.with_resources(tune.with_parameters(calibration_trial, plan=self.plan, settings=self.settings),
+                                        {"cpu": self.settings["cpus"]})
+        tuner = tune.Tuner(trainable, param_space={"point": tune.grid_search(pending)},
+                           tune_config=tune.TuneConfig(reuse_actors=True),
+                           run_config=tune.RunConfig(name=f"calibrate-{int(t)}", storage_path=str(self.work / "tune"),
+                                                     verbose=0, callbacks=[_Progress(self.record_point)]))
+        with contextlib.redirect_stdout(sys.stderr):  # Tune's banner: stdout is for --json alone
+            grid = tuner.fit()
+        missing = [p for p in pending if _point_name(p) not in self.done()]
+        if missing and not grid.errors:
+            # Tune catches Ctrl-C itself and returns what finished: pass the interrupt on.
+            raise KeyboardInterrupt
+        if grid.errors:
+            raise RuntimeError(f"calibration: {len(grid.errors)} continuation(s) failed; first: {grid.errors[0]}")
+        return time.time() - t
+
+    def fit(self, branches: list[dict], wall_clock_s: float) -> dict:
+        points = sorted(self.done().values(), key=lambda p: (p["branch"], p["gbs"], p["seed"]))
+        fits = []
+        for i, b in enumerate(branches):
+            by_gbs: dict[int, list[float]] = {}
+            for p in points:
+                if p["branch"] == i:
+                    by_gbs.setdefault(p["gbs"], []).append(p["samples"] if p["reached"] else float("nan"))
+            fit = fit_branch(b["val_loss"], self.settings["decrement"], b["samples"], by_gbs,
+                             self.cfg.optimizer.reference_gbs, seed=i)
+            fits.append(with_noise_scales(fit, b["b_noise"], b["b_noise_adam"], b["b_noise_run"]))
+        result = CalibrationResult(self.key, self.cfg.optimizer.reference_gbs, self.settings["decrement"], fits,
+                                   [{k: p[k] for k in ("branch", "gbs", "seed", "samples", "steps", "reached")} | {
+                                       "val_loss": p["start"]["val_loss"]} for p in points], wall_clock_s)
+        data = result.as_dict(self.path.stem.removeprefix("calibration-"))
+        data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
+        return _finite_json(data)
+
+
+def _finite_json(value):
+    """JSON has no NaN: a value not measured (a GBS that never reached the decrement) is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) -> dict:
+    """Measure (or finish measuring) the workload's critical batch; write and return the calibration."""
+    t = time.time()
+    cal = Calibration(cfg, echo)
+    ensure_ray(cfg)
+    cal.parent = cal.tracker.start_run(f"calibrate: {cfg.name}", flatten({"calibration": cal.settings}),
+                                       {"kind": "calibration", "copus.calibration": str(cal.path)})
+    try:
+        branches = cal.branch_points()
+        pending = cal.pending_points(branches)
+        echo(f"{len(pending)} continuations to run ({len(branches)} branch points x {len(cal.settings['gbs'])} GBS "
+             f"x {cal.settings['seeds']} seeds; {sum(1 for _ in cal.done())} already done)")
+        tune_s = cal.run_trials(pending) if pending else 0.0
+        data = cal.fit(branches, time.time() - t)
+        data["tune_overhead_s_per_trial"] = _overhead(tune_s, pending, cal.done())
+    except BaseException:
+        cal.tracker.finish(cal.parent, "KILLED")
+        raise
+    _write_json(cal.path, data)
+    _log_parent(cal, data)
+    data["path"] = str(cal.path)
+    return data
+
+
+def _overhead(tune_s: float, pending: list[dict], done: dict[str, dict]) -> float | None:
+    """Tune's own time per trial: its wall-clock less the continuations' own."""
+    if not pending:
+        return None
+    own = sum(done[_point_name(p)]["wall_clock_s"] for p in pending if _point_name(p) in done)
+    return (tune_s - own) / len(pending)
+
+
+def _log_parent(cal: Calibration, data: dict) -> None:
+    for i, b in enumerate(data["branch_points"]):
+        values = {f"{k}.b{i}": b[k] for k in ("val_loss", "b_crit", "b_crit_low", "b_crit_high", "b_noise", "b_noise_adam",
+                                              "b_noise_run", "c", "chi2_p") if b[k] is not None}
+        cal.tracker.log_values(cal.parent, values, step=0)
+    cal.tracker.log_dict(cal.parent, data, "calibration.json")
+    cal.tracker.set_tags(cal.parent, {"all_fits_ok": data["all_fits_ok"]})
+    cal.tracker.finish(cal.parent)
+
+
+def calibration_table(data: dict) -> str:
+    lines = [f"{'branch':>6} {'samples':>8} {'val loss':>8} {'B_crit':>8} {'95% interval':>17} {'fit p':>6} "
+             f"{'B_noise':>8} {'Adam':>8} {'run':>8} {'c':>6}"]
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    for i, b in enumerate(data["branch_points"]):
+        lines.append(f"{i:>6} {b['samples_seen']:>8} {b['val_loss']:>8.3f} {f(b['b_crit'], '8.1f')} "
+                     f"{f(b['b_crit_low'], '7.1f')}..{f(b['b_crit_high'], '<8.1f')} {f(b['chi2_p'], '6.2f')} "
+                     f"{f(b['b_noise'], '8.1f')} {f(b['b_noise_adam'], '8.1f')} {f(b['b_noise_run'], '8.1f')} "
+                     f"{f(b['c'], '6.1f')}" + ("" if b["fit_ok"] else "  (linear form rejected: measured curve used)"))
+        lines.append(f"{'':>6} E(B) samples: " + ", ".join(
+            f"{g}: {e:.0f}" for g, e in zip(b["gbs"], b["mean_samples"])))
+    lines.append(f"calibration: {data.get('path', '')}")
+    return "\n".join(lines)
