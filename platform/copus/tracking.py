@@ -57,6 +57,10 @@ def metrics_of(record: dict, timestamp_ms: int | None = None) -> list[Metric]:
             if record.get(k) is not None and math.isfinite(float(record[k]))]
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+
+
 class Tracker:
     """One experiment's MLflow client. Metrics of a run in progress never stop training: when a
     write fails (server down, SQLite database locked), they are kept in memory, a warning says
@@ -73,6 +77,9 @@ class Tracker:
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
             experiment, artifact_location=artifact_location(tracking_uri))
+        if found is None or EXPERIMENT_KIND_TAG not in found.tags:
+            # The MLflow 3 UI opens an untagged experiment on its GenAI overview; these are training runs.
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
 
     def start_run(self, run_name: str, params: dict[str, str], tags: dict[str, str],
                   parent_run_id: str | None = None) -> str:

@@ -83,6 +83,11 @@ def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None], b_noise
     return spec, initial_config(cfg.policy.name, planner, start_config(cfg), cfg.policy.layout)
 
 
+def run_label(cfg: ExperimentConfig, start: Config) -> str:
+    """A run's default MLflow name: what tells it apart from other runs of the experiment."""
+    return f"{cfg.name} {cfg.policy.name} gbs{start.gbs} dp{start.dp}-tp{start.tp}-pp{start.pp} mbs{start.mbs}"
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -111,7 +116,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     if state.mlflow_run_id is None:
         params = flatten(cfg.model_dump(mode="json"))
         params.update({"data.fingerprint": tokens.fingerprint, "data.description": tokens.description})
-        state.mlflow_run_id = tracker.start_run(cfg.tracking.run_name or cfg.name, params,
+        state.mlflow_run_id = tracker.start_run(cfg.tracking.run_name or run_label(cfg, current), params,
                                                 {"policy": cfg.policy.name,
                                                  "layout": f"dp{current.dp}-tp{current.tp}-pp{current.pp}",
                                                  "copus.output_dir": str(out)}, parent_run_id)
