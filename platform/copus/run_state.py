@@ -90,8 +90,13 @@ def resume_config(reached: dict | None, start: Config) -> tuple[Config, str | No
                    f"last checkpoint in {start.label()}")
 
 
+def write_json_atomic(path: Path, data) -> None:
+    """Write JSON so that a crash leaves the previous file or the new one, never half of one."""
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
 def save_run_state(output_dir: Path, state: RunState) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir / f".{RUN_STATE}.tmp"
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    os.replace(tmp, output_dir / RUN_STATE)
+    write_json_atomic(output_dir / RUN_STATE, asdict(state))

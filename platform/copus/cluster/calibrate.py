@@ -20,7 +20,6 @@ missing. MLflow: a parent run with the fits, a child run per continuation.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,9 @@ from ray import tune
 
 from copus.cluster.launch import ensure_ray, prepare_plan
 from copus.config import ConfigError, ExperimentConfig
-from copus.core.calibration import CalibrationResult, fit_branch, with_noise_scales
+from copus.core.calibration import CalibrationResult, finite_json, fit_branch, with_noise_scales
+from copus.profile_table import key_id
+from copus.run_state import write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.plan import WorkerPlan
 
@@ -57,12 +58,8 @@ def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
             "gns": {"smoothing": g.smoothing, "precondition": g.precondition}}
 
 
-def _id(data: dict) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Path:
-    return cfg.resolved_profile_dir() / f"calibration-{_id(calibration_key(cfg, data_fingerprint))}.json"
+    return cfg.resolved_profile_dir() / f"calibration-{key_id(calibration_key(cfg, data_fingerprint))}.json"
 
 
 def load_calibration(cfg: ExperimentConfig, data_fingerprint: str) -> dict | None:
@@ -72,12 +69,6 @@ def load_calibration(cfg: ExperimentConfig, data_fingerprint: str) -> dict | Non
         return None
     data = json.loads(path.read_text())
     return data if data.get("key") == calibration_key(cfg, data_fingerprint) else None
-
-
-def _write_json(path: Path, data) -> None:
-    tmp = path.parent / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def check_settings(cfg: ExperimentConfig) -> None:
@@ -153,7 +144,7 @@ class Calibration:
                          "val_samples": c.val_samples or cfg.eval.val_samples, "max_samples": c.max_samples,
                          "gns_steps": c.gns_steps, "cpus": c.cpus_per_trial or float(os.cpu_count() or 1)}
         # The work folder is keyed by the settings too: other settings, other runs.
-        self.work = self.path.with_suffix("") / _id({**self.settings, "cpus": None, "key": self.key,
+        self.work = self.path.with_suffix("") / key_id({**self.settings, "cpus": None, "key": self.key,
                                                      "crossing": CROSSING_METHOD})
         (self.work / "points").mkdir(parents=True, exist_ok=True)
         self.tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
@@ -173,14 +164,14 @@ class Calibration:
         for i, p in enumerate(points):
             self.echo(f"  branch {i}: {p['samples']} samples, val loss {p['val_loss']:.3f}, B_noise {p['b_noise']:.1f} "
                       f"(Adam {p['b_noise_adam']:.1f}, run's estimate {p['b_noise_run']:.1f})")
-        _write_json(path, points)
+        write_json_atomic(path, points)
         return points
 
     def done(self) -> dict[str, dict]:
         return {f.stem: json.loads(f.read_text()) for f in (self.work / "points").glob("*.json")}
 
     def record_point(self, point: dict) -> None:
-        _write_json(self.work / "points" / f"{_point_name(point)}.json", point)
+        write_json_atomic(self.work / "points" / f"{_point_name(point)}.json", point)
         total = len(self.settings["gbs"]) * len(self.settings["branch_samples"]) * self.settings["seeds"]
         reached = (f"{point['samples']:.0f} samples ({point['steps']:.1f} steps)" if point["reached"]
                    else f"not reached in {self.settings['max_samples']} samples")
@@ -243,18 +234,7 @@ class Calibration:
                                        "val_loss": p["start"]["val_loss"]} for p in points], wall_clock_s)
         data = result.as_dict(self.path.stem.removeprefix("calibration-"))
         data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
-        return _finite_json(data)
-
-
-def _finite_json(value):
-    """JSON has no NaN: a value not measured (a GBS that never reached the decrement) is null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_json(v) for v in value]
-    return value
+        return finite_json(data)
 
 
 def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) -> dict:
@@ -275,7 +255,7 @@ def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) 
     except BaseException:
         cal.tracker.finish(cal.parent, "KILLED")
         raise
-    _write_json(cal.path, data)
+    write_json_atomic(cal.path, data)
     _log_parent(cal, data)
     data["path"] = str(cal.path)
     return data

@@ -10,21 +10,14 @@ suite keeps what finished.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Callable
 
 from copus.cluster.driver import run_experiment
 from copus.config import SuiteConfig, config_from_mapping
 from copus.core.comparison import summarize
+from copus.run_state import write_json_atomic
 from copus.tracking import Tracker, flatten
-
-
-def _write(path: Path, data: dict) -> None:
-    tmp = path.parent / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def suite_table_dir(suite: SuiteConfig, base) -> str:
@@ -65,7 +58,7 @@ def run_comparison(suite: SuiteConfig, experiment: dict, overrides: list[str],
                 result = {"suite": suite.name, "experiment": base.name, "target_val_loss": base.stop.target_val_loss,
                           "mlflow_parent_run_id": parent, "mlflow_tracking_uri": tracker.uri,
                           "policies": summarize(runs, suite.policies), "runs": runs}
-                _write(out / "comparison.json", result)
+                write_json_atomic(out / "comparison.json", result)
     except BaseException:
         tracker.finish(parent, "FAILED")
         raise

@@ -125,15 +125,18 @@ class BranchFit:
         return self.val_loss - self.decrement / 2
 
     def as_dict(self) -> dict:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return finite_json(asdict(self))
 
 
-def _json_float(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, list):
-        return [_json_float(x) for x in v]
-    return v
+def finite_json(value):
+    """JSON has no NaN: a value not measured (a GBS that never reached the decrement) is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def branch_fit_from_dict(d: dict) -> BranchFit:
