@@ -20,6 +20,8 @@ run: $(STAMP)
 	$(VENV)/bin/copus run experiments/quickstart.yaml --fresh
 
 test: $(STAMP) browser
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
 
 # The report test opens the HTML in headless Chromium. Install Debian's headless shell once
@@ -32,4 +34,4 @@ browser:
 	  echo "no Chromium and no apt as root: the report's browser check will be skipped"
 
 clean:
-	rm -rf $(VENV) runs mlflow.db
+	rm -rf $(VENV) runs mlflow.db mlartifacts

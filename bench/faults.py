@@ -55,8 +55,12 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="copus-bench-faults-"))
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    common = [f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "tracking.experiment=bench-faults",
-              f"profile.table_dir={root / 'profiles'}", "profile.budget_s=60"]
+    common = [
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+        "tracking.experiment=bench-faults",
+        f"profile.table_dir={root / 'profiles'}",
+        "profile.budget_s=60",
+    ]
 
     def run(name: str, extra: list[str], kill_env: str | None = None, controller_kill: bool = False) -> dict:
         cfg = load_config("experiments/quickstart.yaml", common + extra + [f"output_dir={root / name}"])
@@ -78,7 +82,9 @@ def main() -> None:
     print(_line("static", clean))
     print(_line("static, worker killed", killed))
     for f in killed["worker_failures"]:
-        print(f"  killed at step {args.kill_step}: resumed at step {f['resumed_at_step']}, {f['steps_lost']} steps redone")
+        print(
+            f"  killed at step {args.kill_step}: resumed at step {f['resumed_at_step']}, {f['steps_lost']} steps redone"
+        )
     print(_line("copus", copus_clean))
     print(_line("copus, controller killed", copus_hit))
     print(f"  controller restarts: {copus_hit['controller']['restarts']}")

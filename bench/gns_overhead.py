@@ -10,19 +10,15 @@ The quickstart workload (tiny, seq 128), GBS 32, MBS 4, gloo processes on this m
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from copus.parallel.dims import ParallelDims
 from copus.train.engine import ParallelModel
+from copus.train.local import run_on_gloo_ranks
 from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan
 from workloads.flavours import FLAVOURS
@@ -39,10 +35,10 @@ def _timed_steps(model, optimizer, inputs, targets, mbs, steps) -> list[float]:
     return times
 
 
-def _measure(rank: int, world: int, init_file: str, layout, args, out_file: str) -> None:
-    torch.set_num_threads(1 if world > 1 else 2)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _measure(layout, args) -> dict:
+    """On every rank: median step time with the probe off and on, rounds alternating."""
+    if not dist.is_initialized():
+        torch.set_num_threads(2)  # one process: both cores (ranks of a group get one each)
     flavour = FLAVOURS[args.model]
     model = ParallelModel(flavour, args.seq_len, 0, ParallelDims(*layout), torch.device("cpu"))
     optimizer = make_optimizer(model, OptimizerPlan(), 1e-3)
@@ -57,10 +53,7 @@ def _measure(rank: int, world: int, init_file: str, layout, args, out_file: str)
         model.attach_probe()
         on += _timed_steps(model, optimizer, inputs, targets, args.mbs, args.steps)
         model.detach_probe()
-    if rank == 0:
-        Path(out_file).write_text(json.dumps({"off": statistics.median(off), "on": statistics.median(on)}))
-    if world > 1:
-        dist.destroy_process_group()
+    return {"off": statistics.median(off), "on": statistics.median(on)}
 
 
 def main() -> None:
@@ -73,20 +66,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    print(f"{args.model} seq {args.seq_len}, gbs {args.gbs}, mbs {args.mbs}; median step time of "
-          f"{args.rounds} x {args.steps} steps each way, rounds alternating")
+    print(
+        f"{args.model} seq {args.seq_len}, gbs {args.gbs}, mbs {args.mbs}; median step time of "
+        f"{args.rounds} x {args.steps} steps each way, rounds alternating"
+    )
     print(f"{'layout':>10} {'off s':>8} {'on s':>8} {'overhead':>9}")
     worst = float("-inf")
     for text in args.layouts:
         layout = tuple(int(v) for v in text.split(","))
         world = layout[0] * layout[1] * layout[2]
-        tmp = tempfile.mkdtemp()
-        out = os.path.join(tmp, "out.json")
-        if world == 1:
-            _measure(0, 1, "", layout, args, out)
-        else:
-            mp.spawn(_measure, args=(world, os.path.join(tmp, "init"), layout, args, out), nprocs=world, join=True)
-        r = json.loads(Path(out).read_text())
+        r = run_on_gloo_ranks(world, _measure, layout, args)[0]
         overhead = r["on"] / r["off"] - 1
         worst = max(worst, overhead)
         print(f"{'dp%d tp%d pp%d' % layout:>10} {r['off']:>8.3f} {r['on']:>8.3f} {overhead:>+8.1%}", flush=True)

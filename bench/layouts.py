@@ -20,57 +20,58 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from copus.core.search import valid_layouts
 from copus.parallel.dims import ParallelDims
 from copus.train.engine import ParallelModel
+from copus.train.local import run_on_gloo_ranks
 from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan
 from workloads.flavours import FLAVOURS
 
 
-def _rank_main(rank: int, world: int, init_file: str, layout, shapes, args, out_file: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        flavour = FLAVOURS[args.model]
-        dims = ParallelDims(*layout)
-        model = ParallelModel(flavour, args.seq_len, 0, dims, torch.device("cpu"))
-        optimizer = make_optimizer(model, OptimizerPlan(), 1e-3)
-        gen = torch.Generator().manual_seed(model.dp_rank)
-        rows = []
-        for gbs, mbs in shapes:
-            n = gbs // dims.dp
-            inputs = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
-            targets = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
-            times = []
-            for i in range(args.warmup + args.steps):
-                dist.barrier()
-                t = time.perf_counter()
-                train_step(model, optimizer, inputs, targets, mbs, 1e-3, 1.0)
-                if i >= args.warmup:
-                    times.append(time.perf_counter() - t)
-            step = statistics.median(times)
-            rows.append({"dp": dims.dp, "tp": dims.tp, "pp": dims.pp, "gbs": gbs, "mbs": mbs,
-                         "microbatches": gbs // (dims.dp * mbs), "step_time_s": step, "samples_per_s": gbs / step})
-        if rank == 0:
-            Path(out_file).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
+def _measure_layout(layout, shapes, args) -> list[dict]:
+    """On every rank of the layout's process group: the median step time of each batch shape."""
+    flavour = FLAVOURS[args.model]
+    dims = ParallelDims(*layout)
+    model = ParallelModel(flavour, args.seq_len, 0, dims, torch.device("cpu"))
+    optimizer = make_optimizer(model, OptimizerPlan(), 1e-3)
+    gen = torch.Generator().manual_seed(model.dp_rank)
+    rows = []
+    for gbs, mbs in shapes:
+        n = gbs // dims.dp
+        inputs = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
+        targets = torch.randint(0, flavour.vocab_size, (n, args.seq_len), generator=gen)
+        times = []
+        for i in range(args.warmup + args.steps):
+            dist.barrier()
+            t = time.perf_counter()
+            train_step(model, optimizer, inputs, targets, mbs, 1e-3, 1.0)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t)
+        step = statistics.median(times)
+        rows.append(
+            {
+                "dp": dims.dp,
+                "tp": dims.tp,
+                "pp": dims.pp,
+                "gbs": gbs,
+                "mbs": mbs,
+                "microbatches": gbs // (dims.dp * mbs),
+                "step_time_s": step,
+                "samples_per_s": gbs / step,
+            }
+        )
+    return rows
 
 
 def measure(world: int, layout, shapes, args) -> list[dict]:
-    tmp = tempfile.mkdtemp()
-    out = os.path.join(tmp, "rows.json")
-    mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), layout, shapes, args, out), nprocs=world, join=True)
-    return json.loads(Path(out).read_text())
+    return run_on_gloo_ranks(world, _measure_layout, layout, shapes, args)[0]
 
 
 def main() -> None:
@@ -86,10 +87,14 @@ def main() -> None:
     args = parser.parse_args()
     flavour = FLAVOURS[args.model]
     all_rows = []
-    print(f"{args.model} seq {args.seq_len}, gloo on {os.cpu_count()} CPU cores; median of {args.steps} steps "
-          f"after {args.warmup} warm-up")
+    print(
+        f"{args.model} seq {args.seq_len}, gloo on {os.cpu_count()} CPU cores; median of {args.steps} steps "
+        f"after {args.warmup} warm-up"
+    )
     for world in args.workers:
-        print(f"\n{world} workers\n{'dp':>3} {'tp':>3} {'pp':>3} {'gbs':>5} {'mbs':>4} {'m':>3} {'step s':>8} {'samples/s':>10}")
+        print(
+            f"\n{world} workers\n{'dp':>3} {'tp':>3} {'pp':>3} {'gbs':>5} {'mbs':>4} {'m':>3} {'step s':>8} {'samples/s':>10}"
+        )
         for layout in valid_layouts(world, flavour.shape()):
             dp, tp, pp = layout
             shapes = [(g, b) for g in args.gbs for b in args.mbs if g % (dp * b) == 0 and g // (dp * b) >= pp]
@@ -97,11 +102,16 @@ def main() -> None:
                 continue
             for row in measure(world, layout, shapes, args):
                 all_rows.append({"workers": world, **row})
-                print(f"{dp:>3} {tp:>3} {pp:>3} {row['gbs']:>5} {row['mbs']:>4} {row['microbatches']:>3} "
-                      f"{row['step_time_s']:>8.3f} {row['samples_per_s']:>10.1f}", flush=True)
+                print(
+                    f"{dp:>3} {tp:>3} {pp:>3} {row['gbs']:>5} {row['mbs']:>4} {row['microbatches']:>3} "
+                    f"{row['step_time_s']:>8.3f} {row['samples_per_s']:>10.1f}",
+                    flush=True,
+                )
         best = max((r for r in all_rows if r["workers"] == world), key=lambda r: r["samples_per_s"])
-        print(f"best of {world} workers: dp{best['dp']} tp{best['tp']} pp{best['pp']} gbs {best['gbs']} "
-              f"mbs {best['mbs']}: {best['samples_per_s']:.1f} samples/s")
+        print(
+            f"best of {world} workers: dp{best['dp']} tp{best['tp']} pp{best['pp']} gbs {best['gbs']} "
+            f"mbs {best['mbs']}: {best['samples_per_s']:.1f} samples/s"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(all_rows, indent=2))

@@ -25,11 +25,14 @@ def main() -> None:
     t = time.perf_counter()
     cands = candidates(valid_layouts(32, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape)
     enumerate_s = time.perf_counter() - t
-    model = StepTimeModel(StepTimeParams(a0=0.01, a1=0.9, c0=0.002, c1=0.01, p0=0.004, p1=0.002, d0=0.01,
-                                         d1=2e-11, o0=0.05, o1=1e-11, z=1.0), shape)
+    model = StepTimeModel(
+        StepTimeParams(
+            a0=0.01, a1=0.9, c0=0.002, c1=0.01, p0=0.004, p1=0.002, d0=0.01, d1=2e-11, o0=0.05, o1=1e-11, z=1.0
+        ),
+        shape,
+    )
     t = time.perf_counter()
-    planner = Planner(cands, lambda cfgs: np.array([c.gbs for c in cfgs]) / model.step_times(cfgs), 64,
-                      form="lr-aware")
+    planner = Planner(cands, lambda cfgs: np.array([c.gbs for c in cfgs]) / model.step_times(cfgs), 64, form="lr-aware")
     build_s = time.perf_counter() - t
     times = []
     current = cands[0]
@@ -40,8 +43,10 @@ def main() -> None:
         current = d.target
     print(f"32-GPU search space: {len(cands)} candidates ({len(valid_layouts(32, shape))} layouts)")
     print(f"enumerate {enumerate_s * 1e3:.1f} ms, score throughputs once {build_s * 1e3:.1f} ms")
-    print(f"one decision: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms "
-          f"over {len(times)} decisions (target < 100 ms)")
+    print(
+        f"one decision: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms "
+        f"over {len(times)} decisions (target < 100 ms)"
+    )
     print(f"enumerate + score + decide from scratch: {(enumerate_s + build_s + max(times)) * 1e3:.1f} ms")
 
 

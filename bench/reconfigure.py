@@ -62,8 +62,14 @@ def measure(world: int, mode: str, direction: str, root: Path) -> dict:
     cfg = config_from_mapping(mapping)
     table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), world))
     for (name, g), per_s in THROUGHPUT.items():
-        table.record(Config(*layouts[name], 2, g), status="ok", source="measured", step_time_s=g / per_s,
-                     step_times=[g / per_s], samples_per_s=per_s)
+        table.record(
+            Config(*layouts[name], 2, g),
+            status="ok",
+            source="measured",
+            step_time_s=g / per_s,
+            step_times=[g / per_s],
+            samples_per_s=per_s,
+        )
     table.fit(FLAVOURS["debug"].shape(), folds=2)
     table.save(cfg.resolved_profile_dir())
     summary = run_experiment(cfg, fresh=True, echo=lambda line: None, b_noise_script=(b_noise,))
@@ -92,8 +98,11 @@ def main() -> None:
                 r = measure(world, mode, direction, root)
                 moved = f"{r['reshard']['bytes_moved'] / 2**20:.2f}" if r.get("reshard") else "-"
                 rss = f"{r['reshard']['rss_bytes'] / 2**20:.0f}" if r.get("reshard") else "-"
-                print(f"{world:>7} {mode:<9} {_label(r['from']) + ' -> ' + _label(r['to']):<36} "
-                      f"{r['downtime_s']:>10.2f} {moved:>9} {rss:>14}", flush=True)
+                print(
+                    f"{world:>7} {mode:<9} {_label(r['from']) + ' -> ' + _label(r['to']):<36} "
+                    f"{r['downtime_s']:>10.2f} {moved:>9} {rss:>14}",
+                    flush=True,
+                )
                 downtimes.append(r["downtime_s"])
             means[(world, mode)] = statistics.mean(downtimes)
     print()

@@ -49,8 +49,20 @@ def _step(model, optimizer, seq: int, gbs: int = 16, mbs: int = 2) -> None:
 def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
     seq = 64
     cycle = CYCLES[world]
-    plan = WorkerPlan(model=model_name, seq_len=seq, seed=0, train_tokens="", val_tokens="", token_dtype="uint16",
-                      gbs=16, mbs=2, dp=cycle[0][0], tp=cycle[0][1], pp=cycle[0][2], lr=LRSchedule(1e-3, 16))
+    plan = WorkerPlan(
+        model=model_name,
+        seq_len=seq,
+        seed=0,
+        train_tokens="",
+        val_tokens="",
+        token_dtype="uint16",
+        gbs=16,
+        mbs=2,
+        dp=cycle[0][0],
+        tp=cycle[0][1],
+        pp=cycle[0][2],
+        lr=LRSchedule(1e-3, 16),
+    )
     model, optimizer = _build(model_name, cycle[0], seq)
     _step(model, optimizer, seq)
     in_place, via_disk, moved = [], [], []
@@ -59,8 +71,9 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
         # In place: slices sent between ranks.
         dist.barrier()
         t = time.perf_counter()
-        model, optimizer, stats = reshard_in_place(model, optimizer, plan, Config(*target, 2, 16),
-                                                   lambda m: make_optimizer(m, OptimizerPlan(), 1e-3))
+        model, optimizer, stats = reshard_in_place(
+            model, optimizer, plan, Config(*target, 2, 16), lambda m: make_optimizer(m, OptimizerPlan(), 1e-3)
+        )
         dist.barrier()
         in_place.append(time.perf_counter() - t)
         moved.append(stats["bytes_moved"])
@@ -79,8 +92,11 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
             shutil.rmtree(path, ignore_errors=True)
         plan = replace(plan, dp=target[0], tp=target[1], pp=target[2])
         _step(model, optimizer, seq)
-    return {"in_place_s": statistics.median(in_place), "dcp_disk_s": statistics.median(via_disk),
-            "bytes_moved": statistics.median(moved)}
+    return {
+        "in_place_s": statistics.median(in_place),
+        "dcp_disk_s": statistics.median(via_disk),
+        "bytes_moved": statistics.median(moved),
+    }
 
 
 def main() -> None:
@@ -90,12 +106,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     params = FLAVOURS[args.model].param_count()
-    print(f"{args.model}: {params / 1e6:.1f} M parameters, {params * 12 / 2**20:.0f} MiB of fp32 weights and AdamW state")
+    print(
+        f"{args.model}: {params / 1e6:.1f} M parameters, {params * 12 / 2**20:.0f} MiB of fp32 weights and AdamW state"
+    )
     for world in args.workers:
         root = tempfile.mkdtemp(prefix="copus-bench-reshard-")
         r = run_on_gloo_ranks(world, _measure, args.model, world, args.rounds, root)[0]
-        print(f"{world} ranks: in place {r['in_place_s']:.2f} s (median {r['bytes_moved'] / 2**20:.1f} MiB moved between "
-              f"ranks), through DCP on disk {r['dcp_disk_s']:.2f} s: {r['dcp_disk_s'] / r['in_place_s']:.1f}x")
+        print(
+            f"{world} ranks: in place {r['in_place_s']:.2f} s (median {r['bytes_moved'] / 2**20:.1f} MiB moved between "
+            f"ranks), through DCP on disk {r['dcp_disk_s']:.2f} s: {r['dcp_disk_s'] / r['in_place_s']:.1f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -18,16 +18,24 @@ from copus.sim_config import load_sim_config, setting_from
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", default="experiments/sim/paper_qwen-2.5-32b_4x8-h100.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field of the simulation YAML (repeatable), as copus simulate --set")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the simulation YAML (repeatable), as copus simulate --set",
+    )
     args = parser.parse_args()
     cfg = load_sim_config(args.setting, args.overrides)
     t0 = time.perf_counter()
     setting = setting_from(cfg)
     space = search_space(setting)
     t_space = time.perf_counter() - t0
-    print(f"{cfg.name}: {len(space[0])} feasible configurations scored in {t_space:.2f} s; truth: "
-          f"{setting.critical.source}; planner's mapping error x{cfg.estimate.mapping_error:g}")
+    print(
+        f"{cfg.name}: {len(space[0])} feasible configurations scored in {t_space:.2f} s; truth: "
+        f"{setting.critical.source}; planner's mapping error x{cfg.estimate.mapping_error:g}"
+    )
     total = t_space
     for policy in cfg.policies:
         t = time.perf_counter()
@@ -35,8 +43,10 @@ def main() -> None:
         spent = time.perf_counter() - t
         total += spent
         ttt = f"{r.time_to_target_s / 3600:.1f} h" if r.time_to_target_s is not None else "not reached"
-        print(f"  {policy:<16} {r.steps:>8} steps simulated ({ttt} of training, {len(r.reconfigurations)} "
-              f"reconfigurations) in {spent:.2f} s wall-clock ({r.steps / spent / 1e3:.0f} k steps/s)")
+        print(
+            f"  {policy:<16} {r.steps:>8} steps simulated ({ttt} of training, {len(r.reconfigurations)} "
+            f"reconfigurations) in {spent:.2f} s wall-clock ({r.steps / spent / 1e3:.0f} k steps/s)"
+        )
     print(f"full simulated comparison: {total:.2f} s wall-clock")
 
 

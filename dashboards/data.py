@@ -10,8 +10,20 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-SERIES = ("val_loss", "train_loss", "gbs", "mbs", "dp", "tp", "pp", "samples_per_s", "statistical_efficiency",
-          "b_noise", "wall_clock_s", "reconfiguration_downtime_s")
+SERIES = (
+    "val_loss",
+    "train_loss",
+    "gbs",
+    "mbs",
+    "dp",
+    "tp",
+    "pp",
+    "samples_per_s",
+    "statistical_efficiency",
+    "b_noise",
+    "wall_clock_s",
+    "reconfiguration_downtime_s",
+)
 
 
 class ReportError(ValueError):
@@ -45,8 +57,11 @@ def audited_changes(run: RunSeries) -> list[dict]:
     """The run's changes of GBS that summary.json audits (`copus.core.audit`): each carries
     `predicted_efficiency_gain` (the controller's SE(new)/SE(old)) and `realized_efficiency_gain`
     (progress per sample after/before at matched loss), either possibly None."""
-    return [r for r in run.summary.get("reconfigurations") or []
-            if "realized_efficiency_gain" in r and (r.get("from") or {}).get("gbs") != (r.get("to") or {}).get("gbs")]
+    return [
+        r
+        for r in run.summary.get("reconfigurations") or []
+        if "realized_efficiency_gain" in r and (r.get("from") or {}).get("gbs") != (r.get("to") or {}).get("gbs")
+    ]
 
 
 @dataclass
@@ -56,6 +71,7 @@ class ReportData:
     comparison: dict | None
     target: float | None
     calibrations: list[dict] = field(default_factory=list)  # calibration files, as `load_calibration` reads them
+    profiles: list[dict] = field(default_factory=list)  # profile tables of the output directory's profiles/
 
 
 def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
@@ -77,8 +93,11 @@ def load_calibration(path: Path) -> dict:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportError(f"{path}: not a readable calibration file ({type(err).__name__})") from None
-    if not isinstance(data, dict) or (data.get("key") or {}).get("kind") != "calibration" \
-            or not isinstance(data.get("branch_points"), list):
+    if (
+        not isinstance(data, dict)
+        or (data.get("key") or {}).get("kind") != "calibration"
+        or not isinstance(data.get("branch_points"), list)
+    ):
         raise ReportError(f"{path}: not a calibration file (no key.kind 'calibration' and branch_points)")
     return {**data, "path": str(path)}
 
@@ -92,6 +111,20 @@ def calibrations_in(directory: Path) -> list[dict]:
             found.append(load_calibration(path))
         except ReportError:
             continue
+    return found
+
+
+def profiles_in(directory: Path) -> list[dict]:
+    """The profile tables (`copus profile`) in an output directory's profiles/ folder; a file
+    there that is not one is passed over."""
+    found = []
+    for path in sorted((Path(directory) / "profiles").glob("profile-*.json")):
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(table, dict) and isinstance(table.get("rows"), list):
+            found.append(table)
     return found
 
 
@@ -117,8 +150,9 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
         parent = client.get_run(run_id)
     except Exception as err:
         raise ReportError(f"{source}: no MLflow run {run_id} at {tracking_uri} ({type(err).__name__})") from None
-    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'",
-                                  order_by=["attributes.start_time ASC"])
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", order_by=["attributes.start_time ASC"]
+    )
     if children:
         if comparison is None:
             try:
@@ -133,4 +167,7 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
-    return ReportData(title, runs, comparison, target, calibrations_in(path) if path.is_dir() else [])
+    on_disk = path.is_dir()
+    return ReportData(
+        title, runs, comparison, target, calibrations_in(path) if on_disk else [], profiles_in(path) if on_disk else []
+    )

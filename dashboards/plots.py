@@ -21,7 +21,7 @@ def _svg(fig) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog: the SVG is inlined in HTML
+    return text[text.index("<svg") :]  # drop the XML prolog: the SVG is inlined in HTML
 
 
 def _label(run: RunSeries) -> str:
@@ -58,7 +58,11 @@ def validation_loss(data: ReportData) -> str:
 def global_batch_size(data: ReportData) -> str:
     fig, ax = plt.subplots(figsize=(8, 3.2))
     _lines(ax, data, "gbs", step=True, marks=True)
-    ax.set(xlabel="wall-clock (s)", ylabel="GBS", title="Global batch size over time (dotted: in-place change, dashed: restart)")
+    ax.set(
+        xlabel="wall-clock (s)",
+        ylabel="GBS",
+        title="Global batch size over time (dotted: in-place change, dashed: restart)",
+    )
     ax.legend()
     ax.grid(alpha=0.3)
     return _svg(fig)
@@ -94,8 +98,12 @@ def goodput(data: ReportData) -> str:
         by_time = dict(zip(sx, se))
         gx = [t for t in tx if t in by_time]
         axes[2].plot(gx, [v * by_time[t] for t, v in zip(tx, thr) if t in by_time], color=color, linewidth=0.8)
-    return _stacked(fig, axes, ("throughput (samples/s)", "statistical efficiency", "goodput"),
-                    "Goodput = throughput x statistical efficiency (measured)")
+    return _stacked(
+        fig,
+        axes,
+        ("throughput (samples/s)", "statistical efficiency", "goodput"),
+        "Goodput = throughput x statistical efficiency (measured)",
+    )
 
 
 def noise_scale(data: ReportData) -> str:
@@ -112,8 +120,12 @@ def efficiency_audit(data: ReportData) -> str | None:
     """Predicted against realized statistical-efficiency gain of every audited change of GBS
     (log-log, y = x: the prediction was right; the bars are the 95% interval of the realized
     gain). None when no change has both numbers."""
-    points = [(i, run, r) for i, run in enumerate(data.runs) for r in audited_changes(run)
-              if (r.get("predicted_efficiency_gain") or 0) > 0 and (r.get("realized_efficiency_gain") or 0) > 0]
+    points = [
+        (i, run, r)
+        for i, run in enumerate(data.runs)
+        for r in audited_changes(run)
+        if (r.get("predicted_efficiency_gain") or 0) > 0 and (r.get("realized_efficiency_gain") or 0) > 0
+    ]
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6, 5))
@@ -123,17 +135,32 @@ def efficiency_audit(data: ReportData) -> str | None:
         lo, hi = r.get("realized_efficiency_interval") or (y, y)
         label = None if i in seen else _label(run)
         seen.add(i)
-        ax.errorbar([x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=f"C{i % 10}", capsize=3,
-                    label=label)
-        ax.annotate(f"{r['from']['gbs']}->{r['to']['gbs']}", (x, y), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    values = [v for _, _, r in points for v in (r["predicted_efficiency_gain"], r["realized_efficiency_gain"],
-                                                 *(r.get("realized_efficiency_interval") or ()))]
+        ax.errorbar(
+            [x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=f"C{i % 10}", capsize=3, label=label
+        )
+        ax.annotate(
+            f"{r['from']['gbs']}->{r['to']['gbs']}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8
+        )
+    values = [
+        v
+        for _, _, r in points
+        for v in (
+            r["predicted_efficiency_gain"],
+            r["realized_efficiency_gain"],
+            *(r.get("realized_efficiency_interval") or ()),
+        )
+    ]
     lo, hi = min(values) / 1.3, max(values) * 1.3
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, linestyle="--", label="y = x")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted SE(new GBS)/SE(old GBS)",
-           ylabel="realized gain (progress per sample after/before)",
-           title="Statistical efficiency gain at each GBS change: predicted vs realized")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="predicted SE(new GBS)/SE(old GBS)",
+        ylabel="realized gain (progress per sample after/before)",
+        title="Statistical efficiency gain at each GBS change: predicted vs realized",
+    )
     for axis in (ax.xaxis, ax.yaxis):  # plain ratios, not powers of ten
         axis.set_major_formatter(FormatStrFormatter("%g"))
         axis.set_minor_formatter(FormatStrFormatter("%g"))
@@ -162,22 +189,38 @@ def _samples_branch(ax, i: int, b: dict, points: list[dict]) -> list[float]:
     """One branch point on the E(B) panel: seeds as dots, means as markers, the fit dashed (or
     the measured curve, kept, as a thin line); returns the GBS values drawn."""
     color = f"C{i % 10}"
-    seeds = [(p["gbs"], p["samples"]) for p in points
-             if p.get("branch") == i and p.get("reached", True) and _num(p.get("gbs")) and _num(p.get("samples"))]
+    seeds = [
+        (p["gbs"], p["samples"])
+        for p in points
+        if p.get("branch") == i and p.get("reached", True) and _num(p.get("gbs")) and _num(p.get("samples"))
+    ]
     if seeds:
         ax.scatter(*zip(*seeds), s=12, color=color, alpha=0.45, linewidths=0)
     means = [(g, e) for g, e in zip(b.get("gbs") or [], b.get("mean_samples") or []) if _num(g) and _num(e)]
     fit = b.get("fit_ok") and b.get("e_min") is not None and _num(b.get("s_min"))
     label = _branch_label(i, b) + ("" if fit else " (linear form rejected: curve kept)")
     if means:
-        ax.plot(*zip(*means), marker="o", markersize=6, linestyle="none" if fit else "-", linewidth=1, color=color,
-                label=label)
+        ax.plot(
+            *zip(*means),
+            marker="o",
+            markersize=6,
+            linestyle="none" if fit else "-",
+            linewidth=1,
+            color=color,
+            label=label,
+        )
     gbs = [g for g, _ in means + seeds]
     if fit and gbs:
         xs = [min(gbs) / 1.5 * (max(gbs) * 2.25 / min(gbs)) ** (k / 60) for k in range(61)]
         crit = _num(b.get("b_crit"))
-        ax.plot(xs, [b["e_min"] + b["s_min"] * x for x in xs], linestyle="--", linewidth=1.2, color=color,
-                label=f"fit E_min(1 + B/B_crit), B_crit = {crit:.3g}" if crit else "fit E_min + S_min B")
+        ax.plot(
+            xs,
+            [b["e_min"] + b["s_min"] * x for x in xs],
+            linestyle="--",
+            linewidth=1.2,
+            color=color,
+            label=f"fit E_min(1 + B/B_crit), B_crit = {crit:.3g}" if crit else "fit E_min + S_min B",
+        )
     return gbs
 
 
@@ -190,9 +233,13 @@ def calibration_samples(cal: dict) -> str:
     b0 = _num(cal.get("reference_gbs"))
     if b0:
         ax.axvline(b0, color="grey", linewidth=1, linestyle=":", label=f"reference GBS B0 = {b0:g}")
-    ax.set(xscale="log", yscale="log", xlabel="global batch size B",
-           ylabel=f"samples to a loss drop of {cal.get('decrement', '?')}",
-           title="Samples to the loss decrement E(B) per branch point (dots: seeds; dashed: linear fit)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="global batch size B",
+        ylabel=f"samples to a loss drop of {cal.get('decrement', '?')}",
+        title="Samples to the loss decrement E(B) per branch point (dots: seeds; dashed: linear fit)",
+    )
     if drawn:
         ax.set_xticks(sorted(set(drawn)))
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
@@ -217,15 +264,27 @@ def _crit_point(ax, x: float, dodge: float, b: dict, seen: set) -> None:
     crit = _num(b.get("b_crit"))
     if crit:
         lo, hi = _num(b.get("b_crit_low")) or crit, _num(b.get("b_crit_high")) or crit
-        ax.errorbar([x + dodge], [crit], yerr=[[max(crit - lo, 0.0)], [max(hi - crit, 0.0)]], capsize=4, color="C0",
-                    fmt="o" if b.get("fit_ok") else "s", mfc="C0" if b.get("fit_ok") else "white",
-                    label=_once(seen, "B_crit measured, 95% interval (square: fit rejected, curve kept)"))
+        ax.errorbar(
+            [x + dodge],
+            [crit],
+            yerr=[[max(crit - lo, 0.0)], [max(hi - crit, 0.0)]],
+            capsize=4,
+            color="C0",
+            fmt="o" if b.get("fit_ok") else "s",
+            mfc="C0" if b.get("fit_ok") else "white",
+            label=_once(seen, "B_crit measured, 95% interval (square: fit rejected, curve kept)"),
+        )
         if _num(b.get("c")):
             ax.annotate(f"c = {b['c']:.3g}", (x + dodge, crit), textcoords="offset points", xytext=(6, 6), fontsize=8)
     run = _num(b.get("b_noise_run"))
     if run:
-        ax.plot([x - dodge], [CONFIGURED_FACTOR * run], "D", color="C3",
-                label=_once(seen, f"configured rule: {CONFIGURED_FACTOR:g} x run's B_noise"))
+        ax.plot(
+            [x - dodge],
+            [CONFIGURED_FACTOR * run],
+            "D",
+            color="C3",
+            label=_once(seen, f"configured rule: {CONFIGURED_FACTOR:g} x run's B_noise"),
+        )
     for key, marker, name in (("b_noise", "^", "B_noise raw (branch weights)"), ("b_noise_adam", "v", "B_noise Adam")):
         if _num(b.get(key)):
             ax.plot([x - dodge], [b[key]], marker, color="grey", mfc="none", label=_once(seen, name))
@@ -244,17 +303,28 @@ def calibration_critical_batch(cal: dict) -> str:
         _crit_point(ax, b["val_loss"], dodge, b, seen)  # the measurement left of its proxies
     if losses:
         ax.set_xlim(max(losses) + 6 * dodge, min(losses) - 6 * dodge)
-    ax.set(yscale="log", xlabel="validation loss at the branch point (training progresses to the right)",
-           ylabel="batch size (samples)", title="Critical batch: measured against the noise-scale rule")
+    ax.set(
+        yscale="log",
+        xlabel="validation loss at the branch point (training progresses to the right)",
+        ylabel="batch size (samples)",
+        title="Critical batch: measured against the noise-scale rule",
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return _svg(fig)
 
 
-CALIBRATION_FIGURES = {"calibration-samples": calibration_samples,
-                       "calibration-critical-batch": calibration_critical_batch}
+CALIBRATION_FIGURES = {
+    "calibration-samples": calibration_samples,
+    "calibration-critical-batch": calibration_critical_batch,
+}
 
 
-FIGURES = {"validation-loss": validation_loss, "gbs": global_batch_size, "layout": layout, "goodput": goodput,
-           "noise-scale": noise_scale}
+FIGURES = {
+    "validation-loss": validation_loss,
+    "gbs": global_batch_size,
+    "layout": layout,
+    "goodput": goodput,
+    "noise-scale": noise_scale,
+}

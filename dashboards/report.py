@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 from copus.core.calibration import FIT_P_MIN
+from copus.core.throughput import Config
+from copus.core.tradeoffs import tradeoff_lines, tradeoffs
 from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration
 from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
 
@@ -47,20 +49,57 @@ def results_table(data: ReportData) -> str:
     stats = (data.comparison or {}).get("policies")
     if stats:
         for policy, s in stats.items():
-            speed = s.get("speedup_vs_fastest_baseline")
-            rows.append([policy, f"{s['reached']}/{s['runs']}", _fmt(s["time_to_target_s"]), _fmt(s["final_val_loss"], ".4f"),
-                         _fmt(s["samples"], ".0f"), _fmt(s["reconfigurations"], ".1f"),
-                         f"{speed:+.1%} vs {s['fastest_baseline']}" if speed is not None else ""])
+            rows.append(
+                [
+                    policy,
+                    f"{s['reached']}/{s['runs']}",
+                    _fmt(s["time_to_target_s"]),
+                    _fmt(s["final_val_loss"], ".4f"),
+                    _fmt(s["samples"], ".0f"),
+                    _fmt(s["reconfigurations"], ".1f"),
+                    speedup_cell(s),
+                ]
+            )
     else:
         for r in data.runs:
             s = r.summary
-            rows.append([r.policy, "yes" if s.get("reached_target") else "no", _fmt(s.get("time_to_target_s")),
-                         _fmt(s.get("final_val_loss"), ".4f"), _fmt(s.get("samples"), ".0f"),
-                         str(len(s.get("reconfigurations", []))), ""])
-    head = ["policy", "reached target", "time to target (s)", "final val loss", "samples", "reconfigurations",
-            "speedup"]
+            rows.append(
+                [
+                    r.policy,
+                    "yes" if s.get("reached_target") else "no",
+                    _fmt(s.get("time_to_target_s")),
+                    _fmt(s.get("final_val_loss"), ".4f"),
+                    _fmt(s.get("samples"), ".0f"),
+                    str(len(s.get("reconfigurations", []))),
+                    "",
+                ]
+            )
+    head = [
+        "policy",
+        "reached target",
+        "time to target (s)",
+        "final val loss",
+        "samples",
+        "reconfigurations",
+        "speedup",
+    ]
     cells = "".join(f"<tr>{''.join(f'<td>{html.escape(str(c))}</td>' for c in row)}</tr>" for row in rows)
     return f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>"
+
+
+def speedup_cell(s: dict) -> str:
+    """An adaptive policy's speedup over the fastest baseline by mean time, with the paired mean
+    over repeats and its 95% interval when there are repeats (copus also against copus-gbs)."""
+    speed = s.get("speedup_vs_fastest_baseline")
+    if speed is None:
+        return ""
+    text = f"{speed:+.1%} vs {s['fastest_baseline']}"
+    parts = [("paired", s)] + ([("vs copus-gbs", s["vs_copus_gbs"])] if s.get("vs_copus_gbs") else [])
+    for label, entry in parts:
+        ci = entry.get("paired_speedup_ci95")
+        if ci is not None:
+            text += f"; {label} {entry['paired_speedup_mean']:+.1%} (95% CI {ci[0]:+.1%} .. {ci[1]:+.1%})"
+    return text
 
 
 def audit_section(data: ReportData) -> str:
@@ -71,20 +110,29 @@ def audit_section(data: ReportData) -> str:
     for run in data.runs:
         for r in audited_changes(run):
             interval = r.get("realized_efficiency_interval")
-            rows.append([run.policy if run.policy != "?" else run.name, str(r.get("step")),
-                         f"{r['from']['gbs']} -> {r['to']['gbs']}", _fmt(r.get("predicted_efficiency_gain"), ".3f"),
-                         _fmt(r.get("realized_efficiency_gain"), ".3f"),
-                         f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-", r.get("audit_note") or ""])
+            rows.append(
+                [
+                    run.policy if run.policy != "?" else run.name,
+                    str(r.get("step")),
+                    f"{r['from']['gbs']} -> {r['to']['gbs']}",
+                    _fmt(r.get("predicted_efficiency_gain"), ".3f"),
+                    _fmt(r.get("realized_efficiency_gain"), ".3f"),
+                    f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-",
+                    r.get("audit_note") or "",
+                ]
+            )
     if not rows:
         return ""
     svg = efficiency_audit(data)
     figure = f'<figure class="plot" data-plot="efficiency-audit">{svg}</figure>' if svg else ""
     head = ["run", "step", "GBS", "predicted gain", "realized gain", "95% interval", "note"]
     cells = "".join(f"<tr>{''.join(f'<td>{html.escape(str(c))}</td>' for c in row)}</tr>" for row in rows)
-    return ("<h2>Predicted vs realized statistical efficiency</h2><p class='note'>At each change of GBS: the "
-            "controller's predicted SE(new)/SE(old) against the realized gain, progress per sample after the "
-            "change over before it at matched loss, fitted to the train-loss curve (copus.core.audit).</p>"
-            f"{figure}<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>")
+    return (
+        "<h2>Predicted vs realized statistical efficiency</h2><p class='note'>At each change of GBS: the "
+        "controller's predicted SE(new)/SE(old) against the realized gain, progress per sample after the "
+        "change over before it at matched loss, fitted to the train-loss curve (copus.core.audit).</p>"
+        f"{figure}<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>"
+    )
 
 
 def _size(v) -> str:
@@ -95,11 +143,20 @@ def _size(v) -> str:
 def _branch_row(i: int, b: dict) -> list:
     low, high = b.get("b_crit_low"), b.get("b_crit_high")
     run = b.get("b_noise_run")
-    return [str(i), _fmt(b.get("samples_seen"), ".0f"), _fmt(b.get("val_loss"), ".3f"), _size(b.get("b_crit")),
-            f"{_size(low)} - {_size(high)}" if low is not None or high is not None else "-",
-            _fmt(b.get("chi2_p"), ".3f"), "accepted" if b.get("fit_ok") else "rejected: curve kept",
-            _size(b.get("b_noise")), _size(b.get("b_noise_adam")), _size(run),
-            _size(None if run is None else CONFIGURED_FACTOR * run), _fmt(b.get("c"), ".3g")]
+    return [
+        str(i),
+        _fmt(b.get("samples_seen"), ".0f"),
+        _fmt(b.get("val_loss"), ".3f"),
+        _size(b.get("b_crit")),
+        f"{_size(low)} - {_size(high)}" if low is not None or high is not None else "-",
+        _fmt(b.get("chi2_p"), ".3f"),
+        "accepted" if b.get("fit_ok") else "rejected: curve kept",
+        _size(b.get("b_noise")),
+        _size(b.get("b_noise_adam")),
+        _size(run),
+        _size(None if run is None else CONFIGURED_FACTOR * run),
+        _fmt(b.get("c"), ".3g"),
+    ]
 
 
 def _samples_table(cal: dict) -> str:
@@ -107,10 +164,13 @@ def _samples_table(cal: dict) -> str:
     grid = sorted({g for b in cal["branch_points"] for g in b.get("gbs") or []})
     rows = []
     for i, b in enumerate(cal["branch_points"]):
-        by_gbs = {g: (e, se) for g, e, se in zip(b.get("gbs") or [], b.get("mean_samples") or [],
-                                                 b.get("efficiency") or [])}
-        rows.append([str(i)] + [f"{_fmt(by_gbs[g][0], '.0f')} ({_fmt(by_gbs[g][1], '.2f')})" if g in by_gbs else "-"
-                                for g in grid])
+        by_gbs = {
+            g: (e, se) for g, e, se in zip(b.get("gbs") or [], b.get("mean_samples") or [], b.get("efficiency") or [])
+        }
+        rows.append(
+            [str(i)]
+            + [f"{_fmt(by_gbs[g][0], '.0f')} ({_fmt(by_gbs[g][1], '.2f')})" if g in by_gbs else "-" for g in grid]
+        )
     return _table(["branch"] + [f"B = {g}" for g in grid], rows)
 
 
@@ -118,48 +178,95 @@ def calibration_section(cal: dict) -> str:
     """A calibration (`copus calibrate`): what it measured per branch point, as two tables and
     two figures (E(B) against GBS; the critical batch against the loss, beside the noise-scale
     rule)."""
-    head = ["branch", "samples seen", "val loss", "B_crit", "95% interval", "fit p", "linear form", "B_noise raw",
-            "B_noise Adam", "B_noise run", f"{CONFIGURED_FACTOR:g} x B_noise run", "c = B_crit / B_noise run"]
+    head = [
+        "branch",
+        "samples seen",
+        "val loss",
+        "B_crit",
+        "95% interval",
+        "fit p",
+        "linear form",
+        "B_noise raw",
+        "B_noise Adam",
+        "B_noise run",
+        f"{CONFIGURED_FACTOR:g} x B_noise run",
+        "c = B_crit / B_noise run",
+    ]
     rows = [_branch_row(i, b) for i, b in enumerate(cal["branch_points"])]
-    figures = "".join(f'<figure class="plot" data-plot="{name}">{draw(cal)}</figure>'
-                      for name, draw in CALIBRATION_FIGURES.items())
+    figures = "".join(
+        f'<figure class="plot" data-plot="{name}">{draw(cal)}</figure>' for name, draw in CALIBRATION_FIGURES.items()
+    )
     key = cal.get("key") or {}
     workload, settings = key.get("workload") or {}, cal.get("settings") or {}
-    about = (f"Workload {workload.get('model', '?')}, sequence length {workload.get('seq_len', '?')}; reference GBS "
-             f"B0 = {cal.get('reference_gbs', '?')}, loss decrement {cal.get('decrement', '?')}, "
-             f"{settings.get('seeds', '?')} seed(s) per point; {_fmt(cal.get('wall_clock_s'), '.0f')} s to measure. "
-             f"Every linear fit accepted: {'yes' if cal.get('all_fits_ok') else 'no'}. File: {cal.get('path', '')}")
-    return (f"<h2>Calibration {html.escape(str(cal.get('id', '?')))}</h2><p class='note'>{html.escape(about)}</p>"
-            "<p class='note'>Per branch point of a reference run, continuations at every GBS B of the grid ran "
-            "until the validation loss dropped by the decrement; E(B) is the samples that took. McCandlish et al. "
-            "predict E = E_min (1 + B/B_crit); the fit is rejected (chi-square p &lt; "
-            f"{FIT_P_MIN:g}) when the measured points do not follow it, and the measured curve is then what the "
-            "planner uses. c is the factor from the run's own noise-scale estimate to the measured critical batch "
-            "(the configured rule uses "
-            f"{CONFIGURED_FACTOR:g}).</p>{_table(head, rows)}"
-            "<p class='note'>Samples to the decrement E(B), mean over seeds (measured efficiency E(B0)/E(B)):</p>"
-            f"{_samples_table(cal)}{figures}")
+    about = (
+        f"Workload {workload.get('model', '?')}, sequence length {workload.get('seq_len', '?')}; reference GBS "
+        f"B0 = {cal.get('reference_gbs', '?')}, loss decrement {cal.get('decrement', '?')}, "
+        f"{settings.get('seeds', '?')} seed(s) per point; {_fmt(cal.get('wall_clock_s'), '.0f')} s to measure. "
+        f"Every linear fit accepted: {'yes' if cal.get('all_fits_ok') else 'no'}. File: {cal.get('path', '')}"
+    )
+    return (
+        f"<h2>Calibration {html.escape(str(cal.get('id', '?')))}</h2><p class='note'>{html.escape(about)}</p>"
+        "<p class='note'>Per branch point of a reference run, continuations at every GBS B of the grid ran "
+        "until the validation loss dropped by the decrement; E(B) is the samples that took. McCandlish et al. "
+        "predict E = E_min (1 + B/B_crit); the fit is rejected (chi-square p &lt; "
+        f"{FIT_P_MIN:g}) when the measured points do not follow it, and the measured curve is then what the "
+        "planner uses. c is the factor from the run's own noise-scale estimate to the measured critical batch "
+        "(the configured rule uses "
+        f"{CONFIGURED_FACTOR:g}).</p>{_table(head, rows)}"
+        "<p class='note'>Samples to the decrement E(B), mean over seeds (measured efficiency E(B0)/E(B)):</p>"
+        f"{_samples_table(cal)}{figures}"
+    )
 
 
 def render_calibration(cal: dict) -> str:
     """The page of a calibration file alone."""
     title = f"calibration {cal.get('id', '?')}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>COPUS report: {html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(title)}</h1>"
-            f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.</p>{calibration_section(cal)}{CHECK}"
-            "</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>COPUS report: {html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(title)}</h1>"
+        f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.</p>{calibration_section(cal)}{CHECK}"
+        "</body></html>"
+    )
+
+
+def tradeoff_section(data: ReportData) -> str:
+    """What the search space offered: the fastest configuration per GBS of each profile table
+    (measured points) and the trade-off figures, with the calibration's critical-batch growth."""
+    parts = []
+    branches = data.calibrations[0].get("branch_points") if data.calibrations else None
+    for table in data.profiles:
+        measured = {
+            Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]): r["gbs"] / r["step_time_s"]
+            for r in table["rows"]
+            if r.get("status") == "ok" and r.get("step_time_s")
+        }
+        if not measured:
+            continue
+        t = tradeoffs(measured, branches)
+        rows = [[str(r["gbs"]), r["shape"], _fmt(r["samples_per_s"])] for r in t["fastest_by_gbs"]]
+        notes = "".join(f"<p>{html.escape(line)}</p>" for line in tradeoff_lines(t))
+        parts.append(
+            f"<h3>profile {html.escape(str(table.get('key_id', '')))}</h3>{notes}"
+            f"{_table(['GBS', 'fastest layout and MBS (measured)', 'samples/s'], rows)}"
+        )
+    return "<h2>What the search space offers</h2>" + "".join(parts) if parts else ""
 
 
 def render(data: ReportData) -> str:
-    figures = "".join(f'<figure class="plot" data-plot="{name}">{draw(data)}</figure>' for name, draw in FIGURES.items())
+    figures = "".join(
+        f'<figure class="plot" data-plot="{name}">{draw(data)}</figure>' for name, draw in FIGURES.items()
+    )
     target = f"target validation loss {data.target}" if data.target is not None else "no target"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>COPUS report: {html.escape(data.title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(data.title)}</h1>"
-            f"<p class='note'>{len(data.runs)} run(s), {target}; generated {time.strftime('%Y-%m-%d %H:%M:%S')}. "
-            "Dotted vertical lines: in-place GBS changes; dashed: layout changes with a restart.</p>"
-            f"<h2>Time to target</h2>{results_table(data)}<h2>Curves</h2>{figures}{audit_section(data)}"
-            f"{''.join(calibration_section(cal) for cal in data.calibrations)}{CHECK}"
-            "</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>COPUS report: {html.escape(data.title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(data.title)}</h1>"
+        f"<p class='note'>{len(data.runs)} run(s), {target}; generated {time.strftime('%Y-%m-%d %H:%M:%S')}. "
+        "Dotted vertical lines: in-place GBS changes; dashed: layout changes with a restart.</p>"
+        f"<h2>Time to target</h2>{results_table(data)}<h2>Curves</h2>{figures}{audit_section(data)}"
+        f"{tradeoff_section(data)}"
+        f"{''.join(calibration_section(cal) for cal in data.calibrations)}{CHECK}"
+        "</body></html>"
+    )
 
 
 def build_report(source: str, out: str | None = None, tracking_uri: str | None = None) -> Path:

@@ -34,8 +34,11 @@ CASES = [
     ("tab-indent", "batch:\n\tgbs: 8\n", "{file}: line 2 not valid YAML"),
     ("bad-indent", "batch:\n  gbs: 8\n mbs: 2\n", "{file}: line 3 not valid YAML"),
     ("duplicate-key", "batch:\n  gbs: 8\n  gbs: 16\n", "{file}: line 3 not valid YAML (duplicate key 'gbs')"),
-    ("python-object-tag", "x: !!python/object/apply:os.system ['touch {marker}']\n",
-     "{file}: line 1 not valid YAML (could not determine a constructor for the tag"),
+    (
+        "python-object-tag",
+        "x: !!python/object/apply:os.system ['touch {marker}']\n",
+        "{file}: line 1 not valid YAML (could not determine a constructor for the tag",
+    ),
     ("python-name-tag", "x: !!python/name:os.system\n", "{file}: line 1 not valid YAML"),
     ("top-level-list", "- batch\n- stop\n", "(top level): expected a mapping of sections"),
     ("top-level-scalar", "just words\n", "(top level): expected a mapping of sections"),
@@ -48,13 +51,28 @@ CASES = [
     ("lr-negative", {"optimizer.lr": -0.1}, "optimizer.lr: Input should be greater than 0"),
     ("lr-string", {"optimizer.lr": "fast"}, "optimizer.lr: Input should be a valid number"),
     ("section-scalar", {"batch": 8}, "batch: Input should be a valid dictionary"),
-    ("tp-divides-heads", {"parallel.tp": 3, "cluster.num_workers": 6}, "parallel.tp: 3 does not divide the model's 4 attention heads"),
-    ("pp-exceeds-layers", {"parallel.dp": 1, "parallel.pp": 4, "cluster.num_workers": 4, "batch.gbs": 8},
-     "parallel.pp: 4 stages exceed the model's 2 layers"),
+    (
+        "tp-divides-heads",
+        {"parallel.tp": 3, "cluster.num_workers": 6},
+        "parallel.tp: 3 does not divide the model's 4 attention heads",
+    ),
+    (
+        "pp-exceeds-layers",
+        {"parallel.dp": 1, "parallel.pp": 4, "cluster.num_workers": 4, "batch.gbs": 8},
+        "parallel.pp: 4 stages exceed the model's 2 layers",
+    ),
     ("workers-mismatch", {"cluster.num_workers": 3}, "cluster.num_workers: 3 does not match the layout"),
     ("gbs-indivisible", {"batch.gbs": 30}, "batch.gbs: 30 is not divisible by parallel.dp x batch.mbs = 2 x 2"),
-    ("too-few-microbatches", {"parallel.dp": 1, "parallel.pp": 2, "batch.gbs": 2}, "batch.gbs: 2 gives 1 micro-batches per replica"),
-    ("gbs-bounds-reversed", {"search.gbs_min": 64, "search.gbs_max": 16}, "search.gbs_min: 64 exceeds search.gbs_max 16"),
+    (
+        "too-few-microbatches",
+        {"parallel.dp": 1, "parallel.pp": 2, "batch.gbs": 2},
+        "batch.gbs: 2 gives 1 micro-batches per replica",
+    ),
+    (
+        "gbs-bounds-reversed",
+        {"search.gbs_min": 64, "search.gbs_max": 16},
+        "search.gbs_min: 64 exceeds search.gbs_max 16",
+    ),
     ("search-mbs", {"search.mbs": [1, 4]}, "search.mbs: must include batch.mbs 2"),
     ("policy", {"policy.name": "adaptive"}, "policy.name: Input should be 'copus'"),
     ("efficiency", {"policy.efficiency": "magic"}, "policy.efficiency: Input should be 'pollux' or 'lr-aware'"),
@@ -62,21 +80,48 @@ CASES = [
     ("no-stop-rule", {"stop": {}}, "stop: set at least one of"),
     ("target-negative", {"stop.target_val_loss": -1}, "stop.target_val_loss: Input should be greater than 0"),
     ("unknown-model", {"workload.model": "gpt5"}, "workload.model: unknown flavour 'gpt5'"),
-    ("gpu-only-model", {"workload.model": "llama-2-7b"}, "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description"),
+    (
+        "gpu-only-model",
+        {"workload.model": "llama-2-7b"},
+        "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description",
+    ),
     ("seq-too-long", {"workload.seq_len": 4096}, "workload.seq_len: 4096 exceeds the flavour's max_seq_len 512"),
     ("fp16-on-cpu", {"cluster.mixed_precision": "fp16"}, "cluster.mixed_precision: fp16 needs cluster.use_gpu: true"),
-    ("dataset-path-missing", {"workload.dataset": {"kind": "txt"}}, "workload.dataset.path: required when workload.dataset.kind is 'txt'"),
-    ("dataset-not-found", {"workload.dataset": {"kind": "txt", "path": "{tmp}/nowhere.txt"}},
-     "workload.dataset.path: file not found: {tmp}/nowhere.txt"),
-    ("dataset-is-a-folder", {"workload.dataset": {"kind": "txt", "path": "{tmp}"}}, "workload.dataset.path: file not found"),
-    ("dataset-empty", {"workload.dataset": {"kind": "txt", "path": "{tmp}/empty.txt", "cache_dir": "{tmp}/cache"}},
-     "workload.dataset.path: the train split"),
-    ("dataset-too-small", {"workload.dataset": {"kind": "txt", "path": "{tmp}/small.txt", "cache_dir": "{tmp}/cache"}},
-     "workload.dataset.path: the train split"),
-    ("jsonl-not-json", {"workload.dataset": {"kind": "jsonl", "path": "{tmp}/bad.jsonl", "cache_dir": "{tmp}/cache"}},
-     "{tmp}/bad.jsonl:2: not valid JSON"),
-    ("bin-odd-size", {"workload.dataset": {"kind": "bin", "path": "{tmp}/odd.bin", "cache_dir": "{tmp}/cache"}},
-     "{tmp}/odd.bin: size 3 is not a multiple of 2 bytes"),
+    (
+        "dataset-path-missing",
+        {"workload.dataset": {"kind": "txt"}},
+        "workload.dataset.path: required when workload.dataset.kind is 'txt'",
+    ),
+    (
+        "dataset-not-found",
+        {"workload.dataset": {"kind": "txt", "path": "{tmp}/nowhere.txt"}},
+        "workload.dataset.path: file not found: {tmp}/nowhere.txt",
+    ),
+    (
+        "dataset-folder-without-files",
+        {"workload.dataset": {"kind": "parquet", "path": "{tmp}"}},
+        "workload.dataset.path: file not found: {tmp}",
+    ),
+    (
+        "dataset-empty",
+        {"workload.dataset": {"kind": "txt", "path": "{tmp}/empty.txt", "cache_dir": "{tmp}/cache"}},
+        "workload.dataset.path: the train split",
+    ),
+    (
+        "dataset-too-small",
+        {"workload.dataset": {"kind": "txt", "path": "{tmp}/small.txt", "cache_dir": "{tmp}/cache"}},
+        "workload.dataset.path: the train split",
+    ),
+    (
+        "jsonl-not-json",
+        {"workload.dataset": {"kind": "jsonl", "path": "{tmp}/bad.jsonl", "cache_dir": "{tmp}/cache"}},
+        "{tmp}/bad.jsonl:2: not valid JSON",
+    ),
+    (
+        "bin-odd-size",
+        {"workload.dataset": {"kind": "bin", "path": "{tmp}/odd.bin", "cache_dir": "{tmp}/cache"}},
+        "{tmp}/odd.bin: size 3 is not a multiple of 2 bytes",
+    ),
 ]
 
 
@@ -89,12 +134,9 @@ def _fill(value, tmp: Path, marker: Path):
 
 
 @pytest.mark.parametrize("case,content,message", CASES, ids=[c[0] for c in CASES])
-def test_a_malformed_experiment_is_named_and_nothing_starts(base_mapping, tmp_path, capsys, monkeypatch, case, content,
-                                                            message):
-    import copus.cluster.driver as driver
-
-    ray_starts: list = []  # Ray may be up already (other tests): what matters is that this run never asks for it
-    monkeypatch.setattr(driver, "ensure_ray", lambda cfg: ray_starts.append(cfg))
+def test_a_malformed_experiment_is_named_and_nothing_starts(
+    base_mapping, tmp_path, capsys, monkeypatch, case, content, message
+):
     data = tmp_path / "data"
     data.mkdir()
     (data / "empty.txt").write_text("")
@@ -113,13 +155,26 @@ def test_a_malformed_experiment_is_named_and_nothing_starts(base_mapping, tmp_pa
     else:
         experiment.write_text(_fill(content, data, marker))
 
+    expected = "copus: " + _fill(message, data, marker).replace("{file}", str(experiment))
+    assert_refused_before_start(experiment, expected, base_mapping, tmp_path, capsys, monkeypatch)
+    assert not marker.exists()
+
+
+def assert_refused_before_start(
+    experiment: Path, expected: str, base_mapping: dict, tmp_path: Path, capsys, monkeypatch
+) -> str:
+    """`copus run experiment` exits 2 with one line starting with `expected`, and starts nothing."""
+    import copus.cluster.driver as driver
+
+    ray_starts: list = []  # Ray may be up already (other tests): what matters is that this run never asks for it
+    monkeypatch.setattr(driver, "ensure_ray", lambda cfg: ray_starts.append(cfg))
     assert main(["run", str(experiment)]) == 2
     err = capsys.readouterr().err
-    expected = "copus: " + _fill(message, data, marker).replace("{file}", str(experiment))
     assert err.startswith(expected), err
     assert err.count("\n") == 1, err  # one line
     out = Path(base_mapping["output_dir"])
-    assert not out.exists() and not marker.exists() and not (tmp_path / "mlflow.db").exists() and ray_starts == []
+    assert not out.exists() and not (tmp_path / "mlflow.db").exists() and ray_starts == []
+    return err
 
 
 def test_more_than_thirty_cases():

@@ -43,13 +43,25 @@ BAD = [
     ("optimizer.name", "sgd", "optimizer.name: Input should be 'adamw'"),
     ("batch.foo", 3, "batch.foo: unknown key"),
     ("surprise", 1, "surprise: unknown key"),
-    ("cluster.num_workers", 3, "cluster.num_workers: 3 does not match the layout parallel.dp x tp x pp = 2 x 1 x 1 = 2"),
+    (
+        "cluster.num_workers",
+        3,
+        "cluster.num_workers: 3 does not match the layout parallel.dp x tp x pp = 2 x 1 x 1 = 2",
+    ),
     ("parallel.pp_schedule", "zb", "parallel.pp_schedule: Input should be '1f1b' or 'gpipe'"),
     ("workload.model", "gpt5", "workload.model: unknown flavour 'gpt5'"),
-    ("workload.model", "llama-2-7b", "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description for GPU clusters"),
+    (
+        "workload.model",
+        "llama-2-7b",
+        "workload.model: 'llama-2-7b' (6.7B parameters) is a shape description for GPU clusters",
+    ),
     ("workload.seq_len", 4096, "workload.seq_len: 4096 exceeds the flavour's max_seq_len 512"),
     ("workload.dataset.kind", "txt", "workload.dataset.path: required when workload.dataset.kind is 'txt'"),
-    ("policy.name", "adaptive", "policy.name: Input should be 'copus', 'static', 'cbs', 'cbs-pessimistic' or 'cbs-optimistic'"),
+    (
+        "policy.name",
+        "adaptive",
+        "policy.name: Input should be 'copus', 'static', 'cbs', 'cbs-pessimistic', 'cbs-optimistic' or 'copus-gbs'",
+    ),
     ("search.gbs_max", 4, "search.gbs_min: 8 exceeds search.gbs_max 4"),
     ("search.mbs", [1, 4], "search.mbs: must include batch.mbs 2 (got [1, 4])"),
     ("search.layouts", [[1, 1, 2]], "search.layouts: must include the starting layout parallel = [2, 1, 1]"),
@@ -74,12 +86,19 @@ def test_bad_values_name_the_field(base_mapping, path, value, message):
 
 LAYOUTS = [
     (["parallel.tp=3", "cluster.num_workers=6"], "parallel.tp: 3 does not divide the model's 4 attention heads"),
-    (["parallel.dp=1", "parallel.tp=4", "cluster.num_workers=4"], "parallel.tp: 4 does not divide the model's 2 KV heads"),
+    (
+        ["parallel.dp=1", "parallel.tp=4", "cluster.num_workers=4"],
+        "parallel.tp: 4 does not divide the model's 2 KV heads",
+    ),
     (["parallel.pp=3", "cluster.num_workers=6", "batch.gbs=24"], "parallel.pp: 3 stages exceed the model's 2 layers"),
-    (["parallel.pp=2", "cluster.num_workers=4", "batch.gbs=4"],
-     "batch.gbs: 4 gives 1 micro-batches per replica (gbs / (dp x mbs)), fewer than the 2 pipeline stages"),
-    (["parallel.pp=2", "cluster.num_workers=4", "eval.val_samples=3"],
-     "eval.val_samples: 3 gives each of the 2 replicas fewer validation samples than the 2 pipeline stages"),
+    (
+        ["parallel.pp=2", "cluster.num_workers=4", "batch.gbs=4"],
+        "batch.gbs: 4 gives 1 micro-batches per replica (gbs / (dp x mbs)), fewer than the 2 pipeline stages",
+    ),
+    (
+        ["parallel.pp=2", "cluster.num_workers=4", "eval.val_samples=3"],
+        "eval.val_samples: 3 gives each of the 2 replicas fewer validation samples than the 2 pipeline stages",
+    ),
 ]
 
 
@@ -91,8 +110,9 @@ def test_impossible_layouts_are_refused_before_anything_starts(base_mapping, ove
 
 
 def test_3d_layout_is_accepted(base_mapping):
-    cfg = config_from_mapping(base_mapping, ["parallel.tp=2", "parallel.pp=2", "cluster.num_workers=8",
-                                             "parallel.pp_schedule=gpipe"])
+    cfg = config_from_mapping(
+        base_mapping, ["parallel.tp=2", "parallel.pp=2", "cluster.num_workers=8", "parallel.pp_schedule=gpipe"]
+    )
     assert (cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.world_size) == (2, 2, 2, 8)
 
 
@@ -103,8 +123,9 @@ def test_missing_dataset_file_is_named(base_mapping, tmp_path):
 
 
 def test_overrides_are_typed_and_nested(base_mapping):
-    cfg = config_from_mapping(base_mapping, ["batch.gbs=16", "cluster.use_gpu=false", "stop.target_val_loss=2.5",
-                                             "tracking.run_name=abc"])
+    cfg = config_from_mapping(
+        base_mapping, ["batch.gbs=16", "cluster.use_gpu=false", "stop.target_val_loss=2.5", "tracking.run_name=abc"]
+    )
     assert cfg.batch.gbs == 16 and cfg.cluster.use_gpu is False and cfg.stop.target_val_loss == 2.5
     assert cfg.tracking.run_name == "abc"
     with pytest.raises(ConfigError, match=r"^--set batch\.gbs: expected key\.sub=value$"):
@@ -148,8 +169,12 @@ def test_cli_validate_prints_the_resolved_config(base_mapping, tmp_path):
 def test_run_refuses_a_validation_split_smaller_than_eval_val_samples(base_mapping, tmp_path):
     text = tmp_path / "small.txt"
     text.write_text("x" * 5000)
-    base_mapping["workload"]["dataset"] = {"kind": "txt", "path": str(text), "cache_dir": str(tmp_path / "c"),
-                                           "val_fraction": 0.02}
+    base_mapping["workload"]["dataset"] = {
+        "kind": "txt",
+        "path": str(text),
+        "cache_dir": str(tmp_path / "c"),
+        "val_fraction": 0.02,
+    }
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(base_mapping))
     proc = _cli("run", str(exp), cwd=tmp_path)
@@ -162,7 +187,16 @@ def test_run_refuses_a_validation_split_smaller_than_eval_val_samples(base_mappi
 def test_gns_command_refuses_a_single_batch_size(base_mapping, tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(base_mapping))
-    proc = _cli("gns", str(exp), "--set", "parallel.dp=1", "--set", "cluster.num_workers=1", "--set", "batch.mbs=8",
-                cwd=tmp_path)
+    proc = _cli(
+        "gns",
+        str(exp),
+        "--set",
+        "parallel.dp=1",
+        "--set",
+        "cluster.num_workers=1",
+        "--set",
+        "batch.mbs=8",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("copus: batch.gbs: 8 with parallel.dp 1 and batch.mbs 8 gives one batch size")

@@ -16,15 +16,35 @@ TABLE = ((Config(2, 1, 1, 2, 8), 100.0), (Config(2, 1, 1, 2, 16), 150.0), (Confi
 
 
 def spec(**kw) -> ControllerSpec:
-    base = dict(policy="copus", throughputs=TABLE, b0=8, efficiency="pollux", critical_factor=2.0, threshold=0.1,
-                interval_s=10.0, restart_cost_s=5.0, in_place_cost_s=5.0)
+    base = dict(
+        policy="copus",
+        throughputs=TABLE,
+        b0=8,
+        efficiency="pollux",
+        critical_factor=2.0,
+        threshold=0.1,
+        interval_s=10.0,
+        restart_cost_s=5.0,
+        in_place_cost_s=5.0,
+    )
     return ControllerSpec(**{**base, **kw})
 
 
 def step(n: int, wall: float, cfg: Config, b_noise: float | None = 50.0) -> dict:
-    return {"kind": "step", "step": n, "samples": n * cfg.gbs, "wall_clock_s": wall, "step_time_s": 0.1,
-            "train_loss": 3.0, "b_noise": b_noise, "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "mbs": cfg.mbs,
-            "gbs": cfg.gbs}
+    return {
+        "kind": "step",
+        "step": n,
+        "samples": n * cfg.gbs,
+        "wall_clock_s": wall,
+        "step_time_s": 0.1,
+        "train_loss": 3.0,
+        "b_noise": b_noise,
+        "dp": cfg.dp,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "mbs": cfg.mbs,
+        "gbs": cfg.gbs,
+    }
 
 
 def test_decides_once_per_interval_and_hands_the_decision_out_once():
@@ -32,7 +52,7 @@ def test_decides_once_per_interval_and_hands_the_decision_out_once():
     start = Config(2, 1, 1, 2, 8)
     c.push(step(1, 1.0, start))
     c.push(step(2, 5.0, start))
-    assert c.decision() is None and c.evaluations == []      # interval not over yet
+    assert c.decision() is None and c.evaluations == []  # interval not over yet
     c.push(step(3, 11.5, start))
     d = c.decision()
     assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["change"] == "layout"
@@ -141,6 +161,7 @@ def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_pat
 
 def _calibration(level_losses: tuple[float, ...], b_crits: tuple[float, ...], b_noise_run: float) -> dict:
     from copus.core.calibration import fit_branch, with_noise_scales
+
     branches = []
     for loss, b_crit in zip(level_losses, b_crits):
         fit = fit_branch(loss, 0.1, 100, {b: [100 * (1 + b / b_crit)] * 2 for b in (4, 8, 16, 64)}, 8)
@@ -150,8 +171,7 @@ def _calibration(level_losses: tuple[float, ...], b_crits: tuple[float, ...], b_
 
 def test_the_controller_reads_the_calibration_at_the_runs_progress():
     # Measured: B_crit 2 early (loss 3.5), 400 late (loss 2.0); the run's noise estimate is 1 there.
-    c = Controller(spec(calibration=_calibration((3.5, 2.0), (2.0, 400.0), 1.0), interval_s=1.0,
-                        throughputs=TABLE[:2]))
+    c = Controller(spec(calibration=_calibration((3.5, 2.0), (2.0, 400.0), 1.0), interval_s=1.0, throughputs=TABLE[:2]))
     start = Config(2, 1, 1, 2, 8)
     c.push({"kind": "eval", "step": 0, "val_loss": 3.6})
     c.push(step(1, 0.0, start, b_noise=1.0))

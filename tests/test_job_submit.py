@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,23 +38,79 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
     # (not `ray stop`, which would stop every Ray on the machine). Every fixed port gets a free
     # one: another Ray (the other tests' local cluster) may hold the defaults, and a job agent
     # that cannot bind its port answers "No available agent".
-    ports = [f"--{name}={_free_port()}" for name in (
-        "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-        "metrics-export-port", "ray-client-server-port")]
-    head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2", *ports,
-                             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
-                             "--disable-usage-stats", "--temp-dir", ray_tmp],
-                            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    ports = [
+        f"--{name}={_free_port()}"
+        for name in (
+            "port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+            "ray-client-server-port",
+        )
+    ]
+    head = subprocess.Popen(
+        [
+            str(bin_dir / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus",
+            "2",
+            *ports,
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--disable-usage-stats",
+            "--temp-dir",
+            ray_tmp,
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         address = f"http://127.0.0.1:{dashboard}"
         out = tmp_path / "job-out"
-        cmd = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", ".", "--",
-               "copus", "run", "experiments/quickstart.yaml", "--set", "workload.model=debug",
-               "--set", "workload.seq_len=32", "--set", f"workload.dataset.cache_dir={token_cache}",
-               "--set", "stop.max_steps=4", "--set", "stop.target_val_loss=null", "--set", "eval.every_steps=2",
-               "--set", "eval.val_samples=8", "--set", "batch.gbs=8", "--set", "batch.mbs=2",
-               "--set", "search.gbs_min=8", "--set", f"output_dir={out}",
-               "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+        cmd = [
+            str(bin_dir / "ray"),
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--working-dir",
+            ".",
+            "--",
+            "copus",
+            "run",
+            "experiments/quickstart.yaml",
+            "--set",
+            "workload.model=debug",
+            "--set",
+            "workload.seq_len=32",
+            "--set",
+            f"workload.dataset.cache_dir={token_cache}",
+            "--set",
+            "stop.max_steps=4",
+            "--set",
+            "stop.target_val_loss=null",
+            "--set",
+            "eval.every_steps=2",
+            "--set",
+            "eval.val_samples=8",
+            "--set",
+            "batch.gbs=8",
+            "--set",
+            "batch.mbs=2",
+            "--set",
+            "search.gbs_min=8",
+            "--set",
+            f"output_dir={out}",
+            "--set",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        ]
         deadline = time.time() + 120
         not_ready = ("Connection", "No available agent", "try again later")
         while True:  # the dashboard's job API and its agent come up some seconds after the head
@@ -63,12 +119,16 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
             if proc.returncode == 0 or time.time() > deadline or not any(m in output for m in not_ready):
                 break
             time.sleep(3)
-        assert proc.returncode == 0, (proc.stdout[-2000:] + proc.stderr[-2000:] + "\nhead: "
-                                      + (tmp_path / "head.log").read_text()[-2000:])
+        assert proc.returncode == 0, (
+            proc.stdout[-2000:] + proc.stderr[-2000:] + "\nhead: " + (tmp_path / "head.log").read_text()[-2000:]
+        )
         assert "succeeded" in proc.stdout
         # Exposure: the dashboard and its job API listen on loopback only, as the README says.
-        listening = [c.laddr for c in psutil.net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == dashboard]
+        listening = [
+            c.laddr
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == dashboard
+        ]
         assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 4 and summary["stop_reason"] == "max_steps"

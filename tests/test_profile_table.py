@@ -27,7 +27,7 @@ def test_round_trip_and_reuse_by_key(tmp_path):
     again = ProfileTable.open(tmp_path, KEY)
     assert again.measured()[0].step_time_s == 0.1
     other = profile_key({"model": "tiny", "seq_len": 256}, KEY["hardware"], 2)
-    assert ProfileTable.open(tmp_path, other).rows == []       # another key: another file
+    assert ProfileTable.open(tmp_path, other).rows == []  # another key: another file
     assert ProfileTable.open(tmp_path, KEY, refresh=True).rows == []
 
 
@@ -49,7 +49,7 @@ def test_measured_outcomes_override_the_memory_model():
     ran, crashed, unknown = Config(2, 1, 1, 8, 16), Config(1, 1, 2, 8, 16), Config(1, 2, 1, 8, 16)
     table.record(ran, status="ok", source="measured", step_time_s=0.2, step_times=[0.2])
     table.record(crashed, status="infeasible", source="measured", reason="OutOfMemoryError: CUDA out of memory")
-    assert table.feasible(ran, _need(100), 10 * GIB) == (True, "")           # ran although the model says no
+    assert table.feasible(ran, _need(100), 10 * GIB) == (True, "")  # ran although the model says no
     assert table.feasible(crashed, _need(1), 10 * GIB) == (False, "OutOfMemoryError: CUDA out of memory")
     ok, reason = table.feasible(unknown, _need(11), 10 * GIB)
     assert not ok and reason.startswith("memory model")
@@ -57,8 +57,15 @@ def test_measured_outcomes_override_the_memory_model():
 
 def test_measured_peaks_above_the_model_make_it_more_careful():
     table = ProfileTable(KEY)
-    table.record(Config(2, 1, 1, 8, 16), status="ok", source="measured", step_time_s=0.2, step_times=[0.2],
-                 peak_memory_bytes=3 * GIB, model_memory_bytes=2 * GIB)
+    table.record(
+        Config(2, 1, 1, 8, 16),
+        status="ok",
+        source="measured",
+        step_time_s=0.2,
+        step_times=[0.2],
+        peak_memory_bytes=3 * GIB,
+        model_memory_bytes=2 * GIB,
+    )
     assert table.memory_calibration() == pytest.approx(1.5)
     assert table.feasible(Config(1, 2, 1, 8, 16), _need(8), 10 * GIB)[0] is False  # 8 x 1.5 > 10
 

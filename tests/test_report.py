@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import time
 
-import pytest
 from mlflow.entities import Metric
 
 from copus.cli import main
 from copus.tracking import Tracker
-
-BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
-
-
-def _browser() -> str | None:
-    found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if found is None:
-        for candidate in ("/usr/lib/chromium/chromium-headless-shell", "/usr/lib/chromium/chromium"):
-            if shutil.which(candidate):
-                return candidate
-    return found
+from tests.browser import dump_dom
 
 
 def _fake_comparison(tmp_path) -> str:
@@ -39,23 +26,61 @@ def _fake_comparison(tmp_path) -> str:
         metrics = []
         for step in range(1, 41):
             gbs = 16 if (policy == "static" or step < 20) else 32
-            metrics += [Metric("wall_clock_s", step * 0.5, now, step), Metric("gbs", gbs, now, step),
-                        Metric("dp", 2, now, step), Metric("tp", 1, now, step), Metric("pp", 1, now, step),
-                        Metric("mbs", 4, now, step), Metric("samples_per_s", 100 + 10 * i, now, step),
-                        Metric("statistical_efficiency", 1.0 / (1 + step / 100), now, step),
-                        Metric("b_noise", 5 + step, now, step), Metric("train_loss", 5 - step / 10, now, step)]
+            metrics += [
+                Metric("wall_clock_s", step * 0.5, now, step),
+                Metric("gbs", gbs, now, step),
+                Metric("dp", 2, now, step),
+                Metric("tp", 1, now, step),
+                Metric("pp", 1, now, step),
+                Metric("mbs", 4, now, step),
+                Metric("samples_per_s", 100 + 10 * i, now, step),
+                Metric("statistical_efficiency", 1.0 / (1 + step / 100), now, step),
+                Metric("b_noise", 5 + step, now, step),
+                Metric("train_loss", 5 - step / 10, now, step),
+            ]
             if step % 5 == 0:
                 metrics.append(Metric("val_loss", 5 - step / (10 + i), now, step))
         tracker.log_metrics(run, metrics)
-        tracker.log_dict(run, {"reconfigurations": [{"wall_clock_s": 10.0, "in_place": True}] if policy == "copus" else [],
-                               "target_val_loss": 2.0, "reached_target": True, "time_to_target_s": 15.0 + i,
-                               "final_val_loss": 1.9, "samples": 640}, "summary.json")
+        tracker.log_dict(
+            run,
+            {
+                "reconfigurations": [{"wall_clock_s": 10.0, "in_place": True}] if policy == "copus" else [],
+                "target_val_loss": 2.0,
+                "reached_target": True,
+                "time_to_target_s": 15.0 + i,
+                "final_val_loss": 1.9,
+                "samples": 640,
+            },
+            "summary.json",
+        )
         tracker.finish(run)
-    tracker.log_dict(parent, {"target_val_loss": 2.0, "policies": {
-        "copus": {"runs": 1, "reached": 1, "time_to_target_s": 15.0, "final_val_loss": 1.9, "samples": 640,
-                  "reconfigurations": 1.0, "speedup_vs_fastest_baseline": 1 / 15, "fastest_baseline": "static"},
-        "static": {"runs": 1, "reached": 1, "time_to_target_s": 16.0, "final_val_loss": 1.9, "samples": 640,
-                   "reconfigurations": 0.0}}}, "comparison.json")
+    tracker.log_dict(
+        parent,
+        {
+            "target_val_loss": 2.0,
+            "policies": {
+                "copus": {
+                    "runs": 1,
+                    "reached": 1,
+                    "time_to_target_s": 15.0,
+                    "final_val_loss": 1.9,
+                    "samples": 640,
+                    "reconfigurations": 1.0,
+                    "speedup_vs_fastest_baseline": 1 / 15,
+                    "fastest_baseline": "static",
+                },
+                "static": {
+                    "runs": 1,
+                    "reached": 1,
+                    "time_to_target_s": 16.0,
+                    "final_val_loss": 1.9,
+                    "samples": 640,
+                    "reconfigurations": 0.0,
+                },
+            },
+        },
+        "comparison.json",
+    )
     tracker.finish(parent)
     return parent
 
@@ -68,11 +93,7 @@ def test_report_renders_every_plot_in_headless_chromium(tmp_path, capsys):
     # Self-contained: nothing is fetched (namespace URIs inside the SVG are names, not loads).
     assert not re.search(r"""(src|href)=["']https?://|<link |@import|<script src""", page)
     assert page.count('<figure class="plot"') == 5 and "+6.7% vs static" in page
-    browser = _browser()
-    if browser is None:
-        pytest.skip("no Chromium here (make test installs chromium-headless-shell where it can)")
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          "--dump-dom", out.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = dump_dom(out.resolve().as_uri())
     expected = re.search(r'data-plots-expected="(\d+)"', dom)
     rendered = re.search(r'data-plots-rendered="(\d+)"', dom)
     assert expected and rendered, dom[:500]
@@ -94,20 +115,49 @@ def test_report_has_a_predicted_vs_realized_panel_for_audited_changes(tmp_path):
 
     layout = {"dp": 2, "tp": 1, "pp": 1, "mbs": 4}
     audited = [
-        {"step": 20, "samples": 320, "wall_clock_s": 10.0, "in_place": True, "from": {**layout, "gbs": 16},
-         "to": {**layout, "gbs": 32}, "predicted_efficiency_gain": 0.8, "realized_efficiency_gain": 0.62,
-         "realized_efficiency_interval": [0.55, 0.7], "audit_points": {"before": 20, "after": 15},
-         "audit_note": "power-law fit of loss against effective samples, 20 points before, 15 after"},
-        {"step": 35, "samples": 800, "wall_clock_s": 17.5, "in_place": True, "from": {**layout, "gbs": 32},
-         "to": {**layout, "gbs": 64}, "predicted_efficiency_gain": 0.75, "realized_efficiency_gain": None,
-         "realized_efficiency_interval": None, "audit_points": {"before": 15, "after": 2},
-         "audit_note": "too few points after the change (2 < 10 after skipping 5 settling steps)"},
-        {"step": 38, "samples": 992, "wall_clock_s": 19.0, "in_place": True, "from": {**layout, "gbs": 64},
-         "to": {**layout, "dp": 1, "pp": 2, "gbs": 64}, "predicted_efficiency_gain": None,
-         "realized_efficiency_gain": None, "audit_note": "no change of GBS: nothing to audit"},
+        {
+            "step": 20,
+            "samples": 320,
+            "wall_clock_s": 10.0,
+            "in_place": True,
+            "from": {**layout, "gbs": 16},
+            "to": {**layout, "gbs": 32},
+            "predicted_efficiency_gain": 0.8,
+            "realized_efficiency_gain": 0.62,
+            "realized_efficiency_interval": [0.55, 0.7],
+            "audit_points": {"before": 20, "after": 15},
+            "audit_note": "power-law fit of loss against effective samples, 20 points before, 15 after",
+        },
+        {
+            "step": 35,
+            "samples": 800,
+            "wall_clock_s": 17.5,
+            "in_place": True,
+            "from": {**layout, "gbs": 32},
+            "to": {**layout, "gbs": 64},
+            "predicted_efficiency_gain": 0.75,
+            "realized_efficiency_gain": None,
+            "realized_efficiency_interval": None,
+            "audit_points": {"before": 15, "after": 2},
+            "audit_note": "too few points after the change (2 < 10 after skipping 5 settling steps)",
+        },
+        {
+            "step": 38,
+            "samples": 992,
+            "wall_clock_s": 19.0,
+            "in_place": True,
+            "from": {**layout, "gbs": 64},
+            "to": {**layout, "dp": 1, "pp": 2, "gbs": 64},
+            "predicted_efficiency_gain": None,
+            "realized_efficiency_gain": None,
+            "audit_note": "no change of GBS: nothing to audit",
+        },
     ]
-    metrics = {"wall_clock_s": {s: s * 0.5 for s in range(1, 41)}, "gbs": {s: 16.0 for s in range(1, 41)},
-               "val_loss": {s: 5 - s / 10 for s in range(5, 41, 5)}}
+    metrics = {
+        "wall_clock_s": {s: s * 0.5 for s in range(1, 41)},
+        "gbs": {s: 16.0 for s in range(1, 41)},
+        "val_loss": {s: 5 - s / 10 for s in range(5, 41, 5)},
+    }
     copus = RunSeries("demo/copus", "copus", "r1", metrics, {"reconfigurations": audited, "target_val_loss": 2.0})
     static = RunSeries("demo/static", "static", "r2", metrics, {"reconfigurations": [], "target_val_loss": 2.0})
     page = render(ReportData("demo", [copus, static], None, 2.0))
@@ -119,11 +169,7 @@ def test_report_has_a_predicted_vs_realized_panel_for_audited_changes(tmp_path):
     assert "Predicted vs realized" not in plain and plain.count('<figure class="plot"') == 5
     out = tmp_path / "report.html"
     out.write_text(page)
-    browser = _browser()
-    if browser is None:
-        pytest.skip("no Chromium here (make test installs chromium-headless-shell where it can)")
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          "--dump-dom", out.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = dump_dom(out.resolve().as_uri())
     assert 'data-plots-expected="6"' in dom and 'data-plots-rendered="6"' in dom, dom[:500]
 
 
@@ -131,36 +177,84 @@ def _calibration(path, cal_id: str = "abc123def456") -> dict:
     """A calibration file as `copus calibrate` writes it: one branch point whose linear fit was
     accepted (two seeds, one GBS never reaching the decrement on one seed), one rejected, and
     values not measured as null."""
-    fitted = {"val_loss": 4.135, "decrement": 0.3, "samples_seen": 160, "gbs": [4, 8, 16, 64],
-              "mean_samples": [15.7, 22.8, 34.8, 90.8], "sd_samples": [0.5, 0.7, 1.0, None],
-              "efficiency": [2.217, 1.526, 1.0, 0.383], "b_crit": 8.614, "b_crit_low": 6.25, "b_crit_high": 11.5,
-              "e_min": 11.30, "s_min": 1.311, "chi2_p": 0.0816, "fit_ok": True, "b_noise": 0.882,
-              "b_noise_adam": None, "b_noise_run": 1.083, "c": 7.955}
-    rejected = {**fitted, "val_loss": 3.154, "samples_seen": 320, "mean_samples": [145.3, 195.0, 295.5, 1201.1],
-                "efficiency": [2.035, 1.515, 1.0, 0.246], "b_crit": 4.639, "b_crit_low": 3.1, "b_crit_high": None,
-                "e_min": 73.41, "s_min": 15.82, "chi2_p": 0.0077, "fit_ok": False, "b_noise": 35.62,
-                "b_noise_adam": 41.59, "b_noise_run": 1.088, "c": 4.263}
-    points = [{"branch": i, "gbs": g, "seed": s, "samples": e * (1 + 0.03 * s), "steps": e / g, "reached": True,
-               "val_loss": b["val_loss"]} for i, b in enumerate((fitted, rejected))
-              for g, e in zip(b["gbs"], b["mean_samples"]) for s in (0, 1)]
-    points.append({"branch": 0, "gbs": 64, "seed": 2, "samples": None, "steps": None, "reached": False,
-                   "val_loss": 4.135})
-    data = {"id": cal_id, "key": {"schema_version": 1, "kind": "calibration",
-                                  "workload": {"model": "tiny<b>", "seq_len": 128, "data": "f00"}},
-            "reference_gbs": 16, "decrement": 0.3, "branch_points": [fitted, rejected], "points": points,
-            "wall_clock_s": 289.9, "all_fits_ok": False, "b_crit_growth": 0.54,
-            "settings": {"gbs": [4, 8, 16, 64], "branch_samples": [160, 320], "seeds": 2}}
+    fitted = {
+        "val_loss": 4.135,
+        "decrement": 0.3,
+        "samples_seen": 160,
+        "gbs": [4, 8, 16, 64],
+        "mean_samples": [15.7, 22.8, 34.8, 90.8],
+        "sd_samples": [0.5, 0.7, 1.0, None],
+        "efficiency": [2.217, 1.526, 1.0, 0.383],
+        "b_crit": 8.614,
+        "b_crit_low": 6.25,
+        "b_crit_high": 11.5,
+        "e_min": 11.30,
+        "s_min": 1.311,
+        "chi2_p": 0.0816,
+        "fit_ok": True,
+        "b_noise": 0.882,
+        "b_noise_adam": None,
+        "b_noise_run": 1.083,
+        "c": 7.955,
+    }
+    rejected = {
+        **fitted,
+        "val_loss": 3.154,
+        "samples_seen": 320,
+        "mean_samples": [145.3, 195.0, 295.5, 1201.1],
+        "efficiency": [2.035, 1.515, 1.0, 0.246],
+        "b_crit": 4.639,
+        "b_crit_low": 3.1,
+        "b_crit_high": None,
+        "e_min": 73.41,
+        "s_min": 15.82,
+        "chi2_p": 0.0077,
+        "fit_ok": False,
+        "b_noise": 35.62,
+        "b_noise_adam": 41.59,
+        "b_noise_run": 1.088,
+        "c": 4.263,
+    }
+    points = [
+        {
+            "branch": i,
+            "gbs": g,
+            "seed": s,
+            "samples": e * (1 + 0.03 * s),
+            "steps": e / g,
+            "reached": True,
+            "val_loss": b["val_loss"],
+        }
+        for i, b in enumerate((fitted, rejected))
+        for g, e in zip(b["gbs"], b["mean_samples"])
+        for s in (0, 1)
+    ]
+    points.append(
+        {"branch": 0, "gbs": 64, "seed": 2, "samples": None, "steps": None, "reached": False, "val_loss": 4.135}
+    )
+    data = {
+        "id": cal_id,
+        "key": {
+            "schema_version": 1,
+            "kind": "calibration",
+            "workload": {"model": "tiny<b>", "seq_len": 128, "data": "f00"},
+        },
+        "reference_gbs": 16,
+        "decrement": 0.3,
+        "branch_points": [fitted, rejected],
+        "points": points,
+        "wall_clock_s": 289.9,
+        "all_fits_ok": False,
+        "b_crit_growth": 0.54,
+        "settings": {"gbs": [4, 8, 16, 64], "branch_samples": [160, 320], "seeds": 2},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return data
 
 
 def _rendered_in_chromium(out, expected: int) -> None:
-    browser = _browser()
-    if browser is None:
-        pytest.skip("no Chromium here (make test installs chromium-headless-shell where it can)")
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          "--dump-dom", out.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = dump_dom(out.resolve().as_uri())
     assert f'data-plots-expected="{expected}"' in dom and f'data-plots-rendered="{expected}"' in dom, dom[:500]
 
 
@@ -209,12 +303,22 @@ def test_report_of_an_output_directory_appends_its_calibrations(tmp_path):
     parent = _fake_comparison(tmp_path)
     outdir = tmp_path / "compare-demo"
     outdir.mkdir()
-    (outdir / "summary.json").write_text(json.dumps({"mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                                     "mlflow_run_id": parent}))
+    (outdir / "summary.json").write_text(
+        json.dumps({"mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "mlflow_run_id": parent})
+    )
     _calibration(outdir / "profiles" / "calibration-abc123def456.json")
     (outdir / "profiles" / "calibration-notes.json").write_text("[]")
+    rows = [
+        {"dp": 2, "tp": 1, "pp": 1, "mbs": 4, "gbs": 8, "status": "ok", "step_time_s": 0.2},
+        {"dp": 1, "tp": 1, "pp": 2, "mbs": 8, "gbs": 64, "status": "ok", "step_time_s": 0.4},
+        {"dp": 2, "tp": 1, "pp": 1, "mbs": 8, "gbs": 64, "status": "infeasible", "reason": "memory"},
+    ]
+    (outdir / "profiles" / "profile-0123456789ab.json").write_text(json.dumps({"key_id": "0123456789ab", "rows": rows}))
     assert main(["report", str(outdir)]) == 0
     page = (outdir / "report.html").read_text()
+    # What the search space offered: 40 -> 160 samples/s, the fastest shape changes, B_crit's growth.
+    assert "<h2>What the search space offers</h2>" in page and "x4.00; fastest layout and MBS change" in page
+    assert "measured critical batch" in page
     assert page.count('<figure class="plot"') == 7 and page.count("<h2>Calibration ") == 1
     assert page.index("<h2>Curves</h2>") < page.index("<h2>Calibration abc123def456</h2>")
     assert "rejected: curve kept" in page and "+6.7% vs static" in page

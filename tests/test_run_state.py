@@ -19,4 +19,6 @@ def test_a_cluster_of_another_size_resumes_in_the_start_configuration_for_it():
     start = Config(8, 1, 1, 2, 16)
     config, line = resume_config(Config(2, 1, 2, 4, 32).__dict__, start)
     assert config == start
-    assert line == "the cluster has 8 workers now, 4 before: resuming from the last checkpoint in dp8-tp1-pp1 mbs2 gbs16"
+    assert (
+        line == "the cluster has 8 workers now, 4 before: resuming from the last checkpoint in dp8-tp1-pp1 mbs2 gbs16"
+    )

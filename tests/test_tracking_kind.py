@@ -1,13 +1,27 @@
-"""MLflow: experiments open in model-training mode; a run is named by what sets it apart."""
+"""MLflow: experiments open in model-training mode; a run is named by what sets it apart and,
+once finished, by its outcome; a shared view shows the results as columns."""
 
 from __future__ import annotations
 
+import json
+
 from mlflow.tracking import MlflowClient
 
+from copus.cluster.compare import comparison_columns, final_configs, speedup_metrics, speedup_phrase
 from copus.cluster.driver import run_label
 from copus.config import config_from_mapping
 from copus.core.throughput import Config
-from copus.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, Tracker
+from copus.tracking import (
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING_KIND,
+    RESULTS_COLUMNS,
+    RESULTS_VIEW_KEY,
+    SHARED_VIEW_PREFIX,
+    Tracker,
+    results_name,
+    ui_runs_url,
+    view_state,
+)
 
 
 def test_experiments_are_tagged_as_model_training(tmp_path):
@@ -21,3 +35,60 @@ def test_experiments_are_tagged_as_model_training(tmp_path):
 def test_a_run_is_named_by_policy_gbs_and_layout(base_mapping):
     cfg = config_from_mapping(base_mapping, ["policy.name=static"])
     assert run_label(cfg, Config(2, 1, 1, 2, 8)) == "test static gbs8 dp2-tp1-pp1 mbs2"
+
+
+def test_a_results_view_is_shared_and_finished_runs_are_named_by_their_outcome(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "view-test")
+    tags = MlflowClient(tracking_uri=uri).get_experiment(tracker.experiment_id).tags
+    assert json.loads(tags[SHARED_VIEW_PREFIX + RESULTS_VIEW_KEY]) == view_state(RESULTS_COLUMNS)
+    assert "metrics.`time_to_target_s`" in RESULTS_COLUMNS and "tags.`final_config`" in RESULTS_COLUMNS
+    assert (
+        ui_runs_url("http://127.0.0.1:5000/", "7", "k")
+        == "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=k"
+    )
+    name = results_name("s/copus/r0", 95.4, "dp4-tp1-pp1 mbs4 gbs64")
+    assert name == "s/copus/r0 | 95 s to target | ended dp4-tp1-pp1 mbs4 gbs64"
+    assert (
+        results_name(name, None, "dp2-tp1-pp2 mbs16 gbs256")
+        == "s/copus/r0 | target missed | ended dp2-tp1-pp2 mbs16 gbs256"
+    )
+
+
+def test_a_comparison_parent_carries_its_figures_per_policy():
+    runs = [
+        {"policy": p, "final_layout": Config(*shape).__dict__}
+        for p, shape in (
+            ("copus", (2, 1, 2, 16, 64)),
+            ("copus", (2, 1, 2, 16, 64)),
+            ("copus", (4, 1, 1, 8, 32)),
+            ("static", (2, 1, 2, 4, 16)),
+        )
+    ]
+    assert final_configs(runs) == {
+        "final_config.copus": "dp2-tp1-pp2 mbs16 gbs64 (2/3)",
+        "final_config.static": "dp2-tp1-pp2 mbs4 gbs16 (1/1)",
+    }
+    policies = {
+        "copus": {
+            "speedup_vs_fastest_baseline": 0.12,
+            "fastest_baseline": "static",
+            "paired_speedup_mean": 0.1,
+            "paired_speedup_ci95": [0.02, 0.18],
+            "vs_copus_gbs": {"paired_speedup_mean": 0.04},
+        },
+        "copus-gbs": {"speedup_vs_fastest_baseline": 0.07, "paired_speedup_mean": 0.06},
+        "static": {},
+    }
+    assert speedup_metrics(policies) == {
+        "speedup_vs_fastest_baseline": 0.12,
+        "paired_speedup_mean": 0.1,
+        "speedup_vs_fastest_baseline.copus-gbs": 0.07,
+        "paired_speedup_mean.copus-gbs": 0.06,
+        "paired_speedup_vs_copus_gbs": 0.04,
+    }
+    assert speedup_phrase(policies) == "copus +12.0% vs static (paired 95% CI +2%..+18%)"
+    assert speedup_phrase({"copus": {"speedup_vs_fastest_baseline": None}}) == "no speedup (a target missed)"
+    columns = comparison_columns(["copus", "copus-gbs", "static"])
+    assert columns[:2] == ["metrics.`speedup_vs_fastest_baseline`", "metrics.`paired_speedup_mean`"]
+    assert "metrics.`time_to_target_s.static`" in columns and "tags.`final_config.copus-gbs`" in columns

@@ -16,6 +16,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -38,8 +39,13 @@ class TokenFiles:
     description: str  # what the corpus was made of, for humans and MLflow
 
     def as_dict(self) -> dict:
-        return {"train": str(self.train), "val": str(self.val), "dtype": self.dtype,
-                "fingerprint": self.fingerprint, "description": self.description}
+        return {
+            "train": str(self.train),
+            "val": str(self.val),
+            "dtype": self.dtype,
+            "fingerprint": self.fingerprint,
+            "description": self.description,
+        }
 
 
 def default_cache_dir() -> Path:
@@ -66,49 +72,86 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_split(out_dir: Path, train: np.ndarray, val: np.ndarray, description: str) -> TokenFiles:
+def _write_stream(path: Path, chunks: Iterable[np.ndarray], digest) -> int:
+    """Write token arrays one after another to `path` (atomically); returns the token count."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    with open(tmp, "wb") as fh:
+        for chunk in chunks:
+            data = np.ascontiguousarray(chunk).tobytes()
+            digest.update(data)
+            fh.write(data)
+            count += chunk.size
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return count
+
+
+def write_token_files(
+    out_dir: Path, train: Iterable[np.ndarray], val: Iterable[np.ndarray], dtype: str, description: str
+) -> TokenFiles:
+    """The train and validation token files (each given as a sequence of arrays, so a corpus
+    larger than memory streams through) and their metadata."""
     out_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    digest.update(train.tobytes())
-    digest.update(val.tobytes())
-    meta = {"version": CORPUS_VERSION, "dtype": str(train.dtype), "fingerprint": digest.hexdigest(),
-            "description": description, "train_tokens": int(train.size), "val_tokens": int(val.size)}
-    _atomic_write_bytes(out_dir / "train.bin", train.tobytes())
-    _atomic_write_bytes(out_dir / "val.bin", val.tobytes())
+    train_tokens = _write_stream(out_dir / "train.bin", train, digest)
+    val_tokens = _write_stream(out_dir / "val.bin", val, digest)
+    meta = {
+        "version": CORPUS_VERSION,
+        "dtype": dtype,
+        "fingerprint": digest.hexdigest(),
+        "description": description,
+        "train_tokens": train_tokens,
+        "val_tokens": val_tokens,
+    }
     # meta.json last: its presence marks the cache entry complete.
     _atomic_write_bytes(out_dir / "meta.json", json.dumps(meta, indent=2).encode())
-    return _read_cached(out_dir)
+    return read_cached(out_dir)
 
 
-def _read_cached(out_dir: Path) -> TokenFiles | None:
+def _write_split(out_dir: Path, train: np.ndarray, val: np.ndarray, description: str) -> TokenFiles:
+    return write_token_files(out_dir, [train], [val], str(train.dtype), description)
+
+
+def read_cached(out_dir: Path) -> TokenFiles | None:
     meta_path = out_dir / "meta.json"
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text())
-    return TokenFiles(out_dir / "train.bin", out_dir / "val.bin", meta["dtype"], meta["fingerprint"], meta["description"])
+    return TokenFiles(
+        out_dir / "train.bin", out_dir / "val.bin", meta["dtype"], meta["fingerprint"], meta["description"]
+    )
+
+
+def held_out(n_tokens: int, val_fraction: float) -> int:
+    """How many tokens at the end of a corpus without a validation file are held out."""
+    return max(1, int(n_tokens * val_fraction))
 
 
 def _split_tail(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    n_val = max(1, int(len(tokens) * val_fraction))
+    n_val = held_out(len(tokens), val_fraction)
     return tokens[:-n_val], tokens[-n_val:]
 
 
-def _key(*parts: object) -> str:
+def cache_key(*parts: object) -> str:
     return hashlib.sha256(json.dumps([CORPUS_VERSION, *parts], default=str).encode()).hexdigest()[:16]
 
 
 def build_stdlib(val_fraction: float, cache_dir: Path) -> TokenFiles:
     root, files = stdlib_source_files()
     listing = [(p.relative_to(root).as_posix(), p.stat().st_size) for p in files]
-    out_dir = cache_dir / "stdlib" / _key(sys.version, listing, val_fraction)
-    cached = _read_cached(out_dir)
+    out_dir = cache_dir / "stdlib" / cache_key(sys.version, listing, val_fraction)
+    cached = read_cached(out_dir)
     if cached:
         return cached
     data = DOC_SEPARATOR.join(p.read_bytes() for p in files)
     tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
     train, val = _split_tail(tokens, val_fraction)
-    desc = (f"Python {sys.version.split()[0]} standard library .py files under {root} "
-            f"(site-packages excluded), {len(files)} files, {len(data) / 1e6:.1f} MB, byte tokens")
+    desc = (
+        f"Python {sys.version.split()[0]} standard library .py files under {root} "
+        f"(site-packages excluded), {len(files)} files, {len(data) / 1e6:.1f} MB, byte tokens"
+    )
     return _write_split(out_dir, train, val, desc)
 
 
@@ -138,7 +181,9 @@ def _tokens_of_text_file(path: Path, kind: str, text_field: str) -> np.ndarray:
 def _tokens_of_bin(path: Path, dtype: str, vocab_size: int) -> np.ndarray:
     itemsize = np.dtype(dtype).itemsize
     if path.stat().st_size % itemsize:
-        raise DatasetError(f"{path}: size {path.stat().st_size} is not a multiple of {itemsize} bytes (workload.dataset.dtype: {dtype})")
+        raise DatasetError(
+            f"{path}: size {path.stat().st_size} is not a multiple of {itemsize} bytes (workload.dataset.dtype: {dtype})"
+        )
     tokens = np.fromfile(path, dtype=dtype)
     if tokens.size and int(tokens.max()) >= vocab_size:
         raise DatasetError(f"{path}: token id {int(tokens.max())} is outside the model's vocabulary of {vocab_size}")
@@ -153,11 +198,19 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_user(kind: str, path: Path, val_path: Path | None, text_field: str, dtype: str,
-               val_fraction: float, vocab_size: int, cache_dir: Path) -> TokenFiles:
+def build_user(
+    kind: str,
+    path: Path,
+    val_path: Path | None,
+    text_field: str,
+    dtype: str,
+    val_fraction: float,
+    vocab_size: int,
+    cache_dir: Path,
+) -> TokenFiles:
     sources = [path] + ([val_path] if val_path else [])
-    out_dir = cache_dir / "user" / _key(kind, [file_digest(p) for p in sources], text_field, dtype, val_fraction)
-    cached = _read_cached(out_dir)
+    out_dir = cache_dir / "user" / cache_key(kind, [file_digest(p) for p in sources], text_field, dtype, val_fraction)
+    cached = read_cached(out_dir)
     if cached:
         return cached
 
@@ -173,16 +226,55 @@ def build_user(kind: str, path: Path, val_path: Path | None, text_field: str, dt
         train, val = tokens, load(val_path)
     else:
         train, val = _split_tail(tokens, val_fraction)
-    desc = f"{kind} file {path}" + (f" with validation file {val_path}" if val_path else f", last {val_fraction:.1%} held out")
+    desc = f"{kind} file {path}" + (
+        f" with validation file {val_path}" if val_path else f", last {val_fraction:.1%} held out"
+    )
     return _write_split(out_dir, train, val, desc)
 
 
-def prepare_dataset(kind: str, path: str | None, val_path: str | None, text_field: str, dtype: str,
-                    val_fraction: float, vocab_size: int, cache_dir: str | None) -> TokenFiles:
-    """Build (or find in the cache) the token files of a dataset."""
+def needs_tokenizing(kind: str, path: str | None, val_path: str | None, tokenizer: str | None) -> bool:
+    """Whether a dataset goes through `workloads.prepare` (text through a tokenizer, parquet,
+    directories or patterns of files) rather than the single-file byte-level builders here."""
+    if kind in ("stdlib", "bin"):
+        return False
+    return (
+        bool(tokenizer) or kind == "parquet" or not all(Path(p).expanduser().is_file() for p in (path, val_path) if p)
+    )
+
+
+def prepare_dataset(
+    kind: str,
+    path: str | None,
+    val_path: str | None,
+    text_field: str,
+    dtype: str,
+    val_fraction: float,
+    vocab_size: int,
+    cache_dir: str | None,
+    tokenizer: str | None = None,
+    workers: int | None = None,
+    progress: bool = False,
+) -> TokenFiles:
+    """Build (or find in the cache) the token files of a dataset. Text through a tokenizer,
+    parquet, and directories or patterns of files go through the parallel, restartable
+    builder of `copus prepare` (workloads.prepare)."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if kind == "stdlib":
         return build_stdlib(val_fraction, cache)
     assert path is not None
-    return build_user(kind, Path(path).expanduser().resolve(), Path(val_path).expanduser().resolve() if val_path else None,
-                      text_field, dtype, val_fraction, vocab_size, cache)
+    if needs_tokenizing(kind, path, val_path, tokenizer):
+        from workloads.prepare import build_tokenized  # local: it imports this module
+
+        return build_tokenized(
+            kind, path, val_path, text_field, tokenizer, vocab_size, val_fraction, cache, workers, progress
+        ).files
+    return build_user(
+        kind,
+        Path(path).expanduser().resolve(),
+        Path(val_path).expanduser().resolve() if val_path else None,
+        text_field,
+        dtype,
+        val_fraction,
+        vocab_size,
+        cache,
+    )

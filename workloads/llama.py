@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.flavours import ModelFlavour
+from workloads.flavours import Llama3RopeScaling, ModelFlavour
 
 
 class RMSNorm(nn.Module):
@@ -31,10 +31,33 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def llama3_scaled(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3's frequency scaling, computed as transformers' `_compute_llama3_parameters` does
+    (same float32 operations), so that the logits match it."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    head_dim: int, seq_len: int, theta: float, scaling: Llama3RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
+
+
+def flavour_rope_tables(flavour: ModelFlavour, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope_tables(flavour.head_dim, seq_len, flavour.rope_theta, flavour.rope_scaling)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -104,7 +127,7 @@ class Transformer(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(flavour.dim, flavour.norm_eps)
         self.output: nn.Linear | None = nn.Linear(flavour.dim, flavour.vocab_size, bias=False)
         self.seq_len = seq_len
-        cos, sin = rope_tables(flavour.head_dim, seq_len, flavour.rope_theta)
+        cos, sin = flavour_rope_tables(flavour, seq_len)
         # Buffers, not parameters: recomputed, never checkpointed.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -163,7 +186,7 @@ def materialize(model: Transformer, seed: int, initialize: bool = True) -> Trans
     model.to_empty(device="cpu")
     if model.flavour.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
         model.output.weight = model.tok_embeddings.weight  # keep the tie through re-allocation
-    cos, sin = rope_tables(model.flavour.head_dim, model.seq_len, model.flavour.rope_theta)
+    cos, sin = flavour_rope_tables(model.flavour, model.seq_len)
     model.rope_cos, model.rope_sin = cos, sin
     if initialize:
         init_weights(model, seed)

@@ -15,12 +15,20 @@ from copus.config import ConfigError, ExperimentConfig, load_config
 
 def _add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", help="experiment YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
-                   help="override a config field, e.g. --set batch.gbs=32 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.SUB=VALUE",
+        help="override a config field, e.g. --set batch.gbs=32 (repeatable)",
+    )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="copus", description="Goodput-driven co-adaptive batch size and 3D parallelism on Ray")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="copus", description="Goodput-driven co-adaptive batch size and 3D parallelism on Ray"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check an experiment YAML and print the resolved config")
     _add_experiment_args(p)
@@ -35,28 +43,62 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
     p = sub.add_parser("compare", help="run one experiment under several policies; time to target and speedup")
     p.add_argument("suite", help="comparison suite YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
-                   help="override a field of the suite's experiment (repeatable)")
-    p.add_argument("--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.SUB=VALUE",
+        help="override a field of the suite's experiment (repeatable)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the final table")
-    p = sub.add_parser("report", help="a self-contained HTML report of a comparison or a run (from MLflow), or of a "
-                                      "calibration file")
-    p.add_argument("source", help="an output directory of copus compare or copus run, an MLflow run id, or a "
-                                  "calibration-<id>.json of copus calibrate")
-    p.add_argument("--out", help="where to write the HTML (default: SOURCE/report.html, dashboards/report-RUN.html, or "
-                                 "<calibration stem>-report.html beside the file)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI when SOURCE is a run id (default sqlite:///$PWD/mlflow.db)")
+    p = sub.add_parser(
+        "report", help="a self-contained HTML report of a comparison or a run (from MLflow), or of a calibration file"
+    )
+    p.add_argument(
+        "source",
+        help="an output directory of copus compare or copus run, an MLflow run id, or a "
+        "calibration-<id>.json of copus calibrate",
+    )
+    p.add_argument(
+        "--out",
+        help="where to write the HTML (default: SOURCE/report.html, dashboards/report-RUN.html, or "
+        "<calibration stem>-report.html beside the file)",
+    )
+    p.add_argument(
+        "--tracking-uri", help="MLflow tracking URI when SOURCE is a run id (default sqlite:///$PWD/mlflow.db)"
+    )
     p = sub.add_parser("simulate", help="every policy on a modelled GPU cluster: time to target, speedup, best layouts")
     p.add_argument("simulation", help="simulation YAML (e.g. experiments/sim/paper_llama-2-13b_2x8-h100.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
-                   help="override a field, e.g. --set training.target_loss=2.4 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.SUB=VALUE",
+        help="override a field, e.g. --set training.target_loss=2.4 (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p = sub.add_parser("calibrate", help="measure the critical batch: branch a reference run, sweep the GBS from each "
-                                         "branch point, fit (Ray Tune)")
-    p.add_argument("experiment", help="experiment YAML, or a comparison suite YAML (calibrates its experiment where "
-                                      "the suite's runs look for it)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE",
-                   help="override a field of the experiment (repeatable)")
+    p = sub.add_parser(
+        "calibrate",
+        help="measure the critical batch: branch a reference run, sweep the GBS from each branch point, fit (Ray Tune)",
+    )
+    p.add_argument(
+        "experiment",
+        help="experiment YAML, or a comparison suite YAML (calibrates its experiment where "
+        "the suite's runs look for it)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.SUB=VALUE",
+        help="override a field of the experiment (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
@@ -64,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p = sub.add_parser("prepare", help="tokenize the experiment's dataset into token files, on all cores (restartable)")
+    _add_experiment_args(p)
+    p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: every core)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p = sub.add_parser("export", help="write a run's newest committed checkpoint as a Hugging Face model directory")
+    p.add_argument("output_dir", help="the run's output_dir")
+    p.add_argument("out", help="the Hugging Face model directory to write (must not exist, or be empty)")
     return parser
 
 
@@ -72,10 +122,12 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
     else:
         p, b = cfg.parallel, cfg.batch
-        print(f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp} "
-              f"on {cfg.cluster.num_workers} {'GPU' if cfg.cluster.use_gpu else 'CPU'} workers, gbs {b.gbs} "
-              f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}, "
-              f"output {cfg.resolved_output_dir()}")
+        print(
+            f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp} "
+            f"on {cfg.cluster.num_workers} {'GPU' if cfg.cluster.use_gpu else 'CPU'} workers, gbs {b.gbs} "
+            f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}, "
+            f"output {cfg.resolved_output_dir()}"
+        )
     return 0
 
 
@@ -97,12 +149,21 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     out = Path(summary["output_dir"])
     print(f"summary: {out / 'summary.json'}")
     print(f"MLflow: {summary['mlflow_tracking_uri']} (run {summary['mlflow_run_id']})")
-    uri = summary["mlflow_tracking_uri"]
+    _print_ui_hint(summary["mlflow_tracking_uri"], summary["mlflow_experiment_id"])
+    return 0
+
+
+def _print_ui_hint(uri: str, experiment_id: str, view_key: str | None = None) -> None:
+    """How to see the runs in the MLflow UI, in a shared view whose columns are the results
+    (time to target, speedup, final configuration)."""
+    from copus.tracking import RESULTS_VIEW_KEY, ui_runs_url
+
+    key = view_key or RESULTS_VIEW_KEY
     if uri.startswith(("http://", "https://")):
-        print(f"  open the UI at {uri}")
+        print(f"  open the UI at {ui_runs_url(uri, experiment_id, key)}")
     else:
         print(f"  open the UI with: .venv/bin/mlflow ui --host 127.0.0.1 --backend-store-uri {uri}")
-    return 0
+        print(f"  then: {ui_runs_url('http://127.0.0.1:5000', experiment_id, key)}")
 
 
 def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
@@ -113,8 +174,11 @@ def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         print("copus: --steps: must be at least 1", file=sys.stderr)
         return 2
     if cfg.parallel.dp == 1 and cfg.microbatches_per_replica < 2:
-        print(f"copus: batch.gbs: {cfg.batch.gbs} with parallel.dp 1 and batch.mbs {cfg.batch.mbs} gives one batch "
-              "size only; the GNS needs dp > 1 or at least 2 micro-batches", file=sys.stderr)
+        print(
+            f"copus: batch.gbs: {cfg.batch.gbs} with parallel.dp 1 and batch.mbs {cfg.batch.mbs} gives one batch "
+            "size only; the GNS needs dp > 1 or at least 2 micro-batches",
+            file=sys.stderr,
+        )
         return 2
     try:
         result = measure_experiment_gns(cfg, args.steps)
@@ -140,7 +204,41 @@ def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"validate": _cmd_validate, "run": _cmd_run, "gns": _cmd_gns, "profile": _cmd_profile}
+def _cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    from copus.prepare import prepare_experiment_data
+    from workloads.corpus import DatasetError
+
+    if args.workers is not None and args.workers < 1:
+        print("copus: --workers: must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        result = prepare_experiment_data(cfg, args.workers, progress=not (args.quiet or args.json))
+    except DatasetError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else result["line"])
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from copus.train.export import ExportError, export_run
+
+    try:
+        result = export_run(args.output_dir, args.out)
+    except ExportError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
+    print(f"exported step {result['step']} ({result['tensors']} tensors, {result['files']} files) to {result['out']}")
+    return 0
+
+
+COMMANDS = {
+    "validate": _cmd_validate,
+    "run": _cmd_run,
+    "gns": _cmd_gns,
+    "profile": _cmd_profile,
+    "prepare": _cmd_prepare,
+}
 
 
 def _echo(args: argparse.Namespace):
@@ -169,14 +267,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps(result, indent=2))
-    elif args.quiet:
+        return 0
+    if args.quiet:
         print(comparison_table(result))
+    _print_ui_hint(result["mlflow_tracking_uri"], result["mlflow_experiment_id"], result["mlflow_view_key"])
     return 0
 
 
-def _calibration_config(args: argparse.Namespace) -> ExperimentConfig:
-    """The experiment to calibrate: the file itself, or a suite's experiment with the suite's
-    profile directory (where its runs look for the calibration)."""
+# Commands that also take a comparison suite: they work on its experiment, in the suite's
+# profile directory (where the suite's runs look for the profile table and the calibration).
+SUITE_AWARE = ("profile", "calibrate")
+
+
+def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment to profile or calibrate: the file itself, or a suite's experiment with the
+    suite's profile directory."""
     from copus.config import config_from_mapping, is_suite_file, load_suite
 
     if not is_suite_file(args.experiment):
@@ -185,14 +290,16 @@ def _calibration_config(args: argparse.Namespace) -> ExperimentConfig:
 
     suite, experiment = load_suite(args.experiment, args.overrides)
     base = config_from_mapping(experiment, suite.set + args.overrides)
-    return config_from_mapping(experiment, suite.set + args.overrides + [f"profile.table_dir={suite_table_dir(suite, base)}"])
+    return config_from_mapping(
+        experiment, suite.set + args.overrides + [f"profile.table_dir={suite_table_dir(suite, base)}"]
+    )
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        cfg = _calibration_config(args)
+        cfg = experiment_config(args)
         from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
 
         result = run_calibration(cfg, _echo(args))
@@ -248,18 +355,25 @@ def _interrupted(args: argparse.Namespace) -> str:
     try:
         if args.command == "compare":
             from copus.config import load_suite
+
             out = Path(load_suite(args.suite, args.overrides)[0].output_dir).expanduser().resolve()
-            return (f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
-                    f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again")
-        cfg = _calibration_config(args) if args.command == "calibrate" else load_config(args.experiment, args.overrides)
+            return (
+                f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
+                f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again"
+            )
+        cfg = experiment_config(args) if args.command in SUITE_AWARE else load_config(args.experiment, args.overrides)
     except ConfigError:
         return "interrupted"
     if args.command == "calibrate":
-        return (f"interrupted; the branch points and every finished continuation are kept in "
-                f"{cfg.resolved_profile_dir()}/calibration-<id>/: run the same command to go on with the rest")
+        return (
+            f"interrupted; the branch points and every finished continuation are kept in "
+            f"{cfg.resolved_profile_dir()}/calibration-<id>/: run the same command to go on with the rest"
+        )
     if args.command == "profile":
-        return (f"interrupted; every configuration measured so far is kept in the profile table in "
-                f"{cfg.resolved_profile_dir()}: run the same command to measure the rest")
+        return (
+            f"interrupted; every configuration measured so far is kept in the profile table in "
+            f"{cfg.resolved_profile_dir()}: run the same command to measure the rest"
+        )
     out = cfg.resolved_output_dir()
     step = _last_checkpoint_step(out)
     kept = f"the checkpoint of step {step} is kept in {out}" if step is not None else f"no checkpoint yet in {out}"
@@ -267,7 +381,7 @@ def _interrupted(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -276,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        return _cmd_export(args)
     if args.command == "compare":
         return _cmd_compare(args)
     if args.command == "simulate":
@@ -285,7 +401,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "calibrate":
         return _cmd_calibrate(args)
     try:
-        cfg = load_config(args.experiment, args.overrides)
+        cfg = experiment_config(args) if args.command in SUITE_AWARE else load_config(args.experiment, args.overrides)
     except ConfigError as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2

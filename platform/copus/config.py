@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 
 
 class ConfigError(ValueError):
@@ -28,8 +29,8 @@ class _Section(BaseModel):
 
 class DatasetConfig(_Section):
     # stdlib: the Python standard library's source, built on first use (no download).
-    kind: Literal["stdlib", "txt", "jsonl", "bin"] = "stdlib"
-    path: str | None = None
+    kind: Literal["stdlib", "txt", "jsonl", "parquet", "bin"] = "stdlib"
+    path: str | None = None  # txt/jsonl/parquet: a file, a directory of such files, or a glob pattern
     val_path: str | None = None
     text_field: str = "text"
     dtype: Literal["uint16", "uint32"] = "uint16"
@@ -42,6 +43,21 @@ class WorkloadConfig(_Section):
     seq_len: int = Field(128, ge=8)
     dataset: DatasetConfig = DatasetConfig()
     seed: int = 0
+    init_from: str | None = None  # a Hugging Face model directory (Llama, Qwen2): shape and initial weights
+    tokenizer: str | None = None  # a tokenizer.json (or a directory holding one) for txt/jsonl/parquet data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_from_init_dir(cls, data: Any) -> Any:
+        # With init_from the shape comes from its config.json; the model is named after the directory.
+        if isinstance(data, dict) and data.get("init_from"):
+            if data.get("model") is not None:  # `--set workload.model=null` drops a template's model
+                raise _FieldProblem(
+                    "workload.model",
+                    "leave it out when workload.init_from is set (the shape comes from the directory's config.json)",
+                )
+            data = {**data, "model": f"hf:{Path(str(data['init_from'])).expanduser().resolve().name}"}
+        return data
 
 
 class OptimizerConfig(_Section):
@@ -77,20 +93,22 @@ class ParallelConfig(_Section):
 
 class GNSConfig(_Section):
     enabled: bool = True
-    smoothing: float = Field(0.999, gt=0.0, lt=1.0)   # EMA factor per reference batch: theta = s ** (gbs / b0)
-    critical_factor: float = Field(2.0, gt=0.0)       # critical batch size = factor x B_noise (COPUS: 2.0)
-    precondition: Literal["none", "adam"] = "none"    # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
+    smoothing: float = Field(0.999, gt=0.0, lt=1.0)  # EMA factor per reference batch: theta = s ** (gbs / b0)
+    critical_factor: float = Field(2.0, gt=0.0)  # critical batch size = factor x B_noise (COPUS: 2.0)
+    precondition: Literal["none", "adam"] = "none"  # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
 
 
 class PolicyConfig(_Section):
-    name: Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"] = "static"
+    name: PolicyName = "static"
     efficiency: Literal["pollux", "lr-aware"] = "pollux"  # statistical-efficiency form (copus.core.efficiency)
-    threshold: float = Field(0.10, ge=0.0)        # switch only when the best beats the current goodput by this much
-    interval_s: float = Field(30.0, gt=0.0)       # decision interval (wall-clock); the switch must pay off within it
-    restart_cost_s: float = Field(30.0, ge=0.0)   # a restart's cost until one has been measured
-    in_place_cost_s: float = Field(5.0, ge=0.0)   # an in-place layout change's cost until one has been measured
+    threshold: float = Field(0.10, ge=0.0)  # switch only when the best beats the current goodput by this much
+    interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
+    restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured
+    in_place_cost_s: float = Field(5.0, ge=0.0)  # an in-place layout change's cost until one has been measured
     controller_timeout_s: float = Field(10.0, gt=0.0)  # rank 0 waits at most this long for a decision
-    layout: Literal["given", "best"] = "given"    # static: the parallel section's layout, or the profile's best for batch.gbs
+    layout: Literal["given", "best"] = (
+        "given"  # static: the parallel section's layout, or the profile's best for batch.gbs
+    )
 
 
 class StopConfig(_Section):
@@ -110,7 +128,7 @@ class EvalConfig(_Section):
 
 class CheckpointConfig(_Section):
     every_steps: int = Field(50, ge=1)
-    every_s: float | None = Field(None, gt=0.0)   # also checkpoint when this much wall-clock has passed
+    every_s: float | None = Field(None, gt=0.0)  # also checkpoint when this much wall-clock has passed
     keep: int = Field(2, ge=1)
 
 
@@ -125,38 +143,43 @@ class ClusterConfig(_Section):
     # the last checkpoint, in the layout it had reached, this many times before the run fails.
     max_failures: int = Field(3, ge=0)
     memory_per_worker_gb: float | None = Field(None, gt=0.0)  # default: detected (GPU memory, or host RAM / workers)
-    memory_margin: float = Field(0.1, ge=0.0, lt=1.0)         # share of it the memory model keeps free
+    memory_margin: float = Field(0.1, ge=0.0, lt=1.0)  # share of it the memory model keeps free
 
 
 class SearchConfig(_Section):
     """The configurations the profiler measures and the controller may choose from."""
-    gbs_min: int | None = Field(None, ge=1)   # default: batch.gbs
-    gbs_max: int | None = Field(None, ge=1)   # default: batch.gbs
-    mbs: list[int] | None = None              # default: [batch.mbs]
+
+    gbs_min: int | None = Field(None, ge=1)  # default: batch.gbs
+    gbs_max: int | None = Field(None, ge=1)  # default: batch.gbs
+    mbs: list[int] | None = None  # default: [batch.mbs]
     layouts: list[tuple[int, int, int]] | None = None  # [dp, tp, pp] each; default: every valid layout
 
 
 class ProfileConfig(_Section):
-    budget_s: float = Field(300.0, gt=0.0)        # measuring stops once this much wall-clock is spent
-    warmup_steps: int = Field(2, ge=0)            # steps per configuration before timing (shape changes, caches)
-    steps: int = Field(5, ge=1)                   # timed steps per configuration (the median is kept)
-    gbs_per_shape: int = Field(3, ge=1)           # GBS values measured per (layout, MBS); the model predicts the rest
-    folds: int = Field(5, ge=2)                   # cross-validation folds for the model's error
-    table_dir: str | None = None                  # default: OUTPUT_DIR/profiles (share it between experiments)
+    budget_s: float = Field(300.0, gt=0.0)  # measuring stops once this much wall-clock is spent
+    warmup_steps: int = Field(2, ge=0)  # steps per configuration before timing (shape changes, caches)
+    steps: int = Field(5, ge=1)  # timed steps per configuration (the median is kept)
+    gbs_per_shape: int = Field(3, ge=1)  # GBS values measured per (layout, MBS); the model predicts the rest
+    max_microbatches: int | None = Field(
+        64, ge=1
+    )  # measure only GBS values of at most this many micro-batches per step
+    folds: int = Field(5, ge=2)  # cross-validation folds for the model's error
+    table_dir: str | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
 class CalibrationConfig(_Section):
     """`copus calibrate`: branch a reference run at a few points and continue from each at every
     GBS of a grid until the validation loss has dropped by `decrement` (copus.core.calibration)."""
-    gbs: list[int] | None = None                 # the grid; default: powers of 2 over search.gbs_min..gbs_max
-    branch_samples: list[int] | None = None      # where to branch (samples of the reference run, multiples of
-                                                 # optimizer.reference_gbs); default: 20, 60, 120, 200 reference steps
-    decrement: float = Field(0.1, gt=0.0)        # validation-loss drop each continuation trains to
-    seeds: int = Field(2, ge=1)                  # continuations per (branch point, GBS), each on other data
-    eval_every_samples: int = Field(64, ge=1)    # validation interval of a continuation, in samples
+
+    gbs: list[int] | None = None  # the grid; default: powers of 2 over search.gbs_min..gbs_max
+    branch_samples: list[int] | None = None  # where to branch (samples of the reference run, multiples of
+    # optimizer.reference_gbs); default: 20, 60, 120, 200 reference steps
+    decrement: float = Field(0.1, gt=0.0)  # validation-loss drop each continuation trains to
+    seeds: int = Field(2, ge=1)  # continuations per (branch point, GBS), each on other data
+    eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
     val_samples: int | None = Field(None, ge=1)  # validation set of the calibration; default: eval.val_samples
-    max_samples: int = Field(20000, ge=1)        # a continuation that needs more is recorded as not reached
-    gns_steps: int = Field(16, ge=2)             # batches the noise scale is measured over at each branch point
+    max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached
+    gns_steps: int = Field(16, ge=2)  # batches the noise scale is measured over at each branch point
     cpus_per_trial: float | None = Field(None, gt=0.0)  # Ray Tune resources per run; default: the driver's cores
 
 
@@ -214,12 +237,18 @@ class ExperimentConfig(_Section):
     def mbs_choices(self) -> list[int]:
         return sorted(set(self.search.mbs or [self.batch.mbs]))
 
+    def flavour(self):
+        """The model's shape (a workloads.flavours.ModelFlavour): named, or from workload.init_from."""
+        from workloads.hf_config import workload_flavour
+
+        return workload_flavour(self.workload.model, self.workload.init_from)
+
     def layout_choices(self) -> list[tuple[int, int, int]]:
         from copus.core.search import valid_layouts
-        from workloads.flavours import FLAVOURS
+
         if self.search.layouts is not None:
             return [tuple(x) for x in self.search.layouts]
-        return valid_layouts(self.cluster.num_workers, FLAVOURS[self.workload.model].shape())
+        return valid_layouts(self.cluster.num_workers, self.flavour().shape())
 
     def calibration_grid(self) -> list[int]:
         """The calibration's GBS grid: as given, or the powers of 2 within the search bounds
@@ -229,14 +258,18 @@ class ExperimentConfig(_Section):
         low, high = self.gbs_bounds()
         b0 = self.optimizer.reference_gbs
         low, high = min(low, max(1, b0 // 4)), max(high, b0 * 4)
-        return [2 ** k for k in range(0, 31) if low <= 2 ** k <= high]
+        return [2**k for k in range(0, 31) if low <= 2**k <= high]
 
     def calibration_branches(self) -> list[int]:
         b0 = self.optimizer.reference_gbs
         return sorted(set(self.calibration.branch_samples or [b0 * k for k in (20, 60, 120, 200)]))
 
     def resolved_profile_dir(self) -> Path:
-        return Path(self.profile.table_dir).expanduser().resolve() if self.profile.table_dir else self.resolved_output_dir() / "profiles"
+        return (
+            Path(self.profile.table_dir).expanduser().resolve()
+            if self.profile.table_dir
+            else self.resolved_output_dir() / "profiles"
+        )
 
     def resolved_tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
@@ -255,42 +288,100 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
     from workloads.flavours import FLAVOURS  # local: workloads imports nothing from copus.config
 
     p, b, s = cfg.parallel, cfg.batch, cfg.stop
-    if cfg.workload.model not in FLAVOURS:
-        raise _FieldProblem("workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(sorted(FLAVOURS))})")
-    flavour = FLAVOURS[cfg.workload.model]
+    if cfg.workload.init_from is None and cfg.workload.model not in FLAVOURS:
+        raise _FieldProblem(
+            "workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(sorted(FLAVOURS))})"
+        )
+    flavour = _checked_flavour(cfg)
     if not flavour.trainable_on_cpu and not cfg.cluster.use_gpu:
-        raise _FieldProblem("workload.model", f"{flavour.name!r} ({flavour.param_count() / 1e9:.1f}B parameters) is a shape description for GPU clusters; set cluster.use_gpu: true")
+        raise _FieldProblem(
+            "workload.model",
+            f"{flavour.name!r} ({flavour.param_count() / 1e9:.1f}B parameters) is a shape description for GPU clusters; set cluster.use_gpu: true",
+        )
     if cfg.workload.seq_len > flavour.max_seq_len:
-        raise _FieldProblem("workload.seq_len", f"{cfg.workload.seq_len} exceeds the flavour's max_seq_len {flavour.max_seq_len}")
+        raise _FieldProblem(
+            "workload.seq_len", f"{cfg.workload.seq_len} exceeds the flavour's max_seq_len {flavour.max_seq_len}"
+        )
     problems = layout_problems(p.dp, p.tp, p.pp, flavour.shape(), cfg.cluster.num_workers, b.gbs, b.mbs)
     if problems:
         raise _FieldProblem(*problems[0])
     if cfg.eval.val_samples // p.dp < p.pp:
-        raise _FieldProblem("eval.val_samples", f"{cfg.eval.val_samples} gives each of the {p.dp} replicas fewer "
-                                                f"validation samples than the {p.pp} pipeline stages")
+        raise _FieldProblem(
+            "eval.val_samples",
+            f"{cfg.eval.val_samples} gives each of the {p.dp} replicas fewer "
+            f"validation samples than the {p.pp} pipeline stages",
+        )
     if cfg.optimizer.lr_scaling == "adascale" and not cfg.gns.enabled:
         raise _FieldProblem("optimizer.lr_scaling", "adascale needs the gradient noise scale: set gns.enabled: true")
     if cfg.policy.name != "static" and not cfg.gns.enabled:
-        raise _FieldProblem("policy.name", f"{cfg.policy.name!r} adapts to the gradient noise scale: set gns.enabled: true")
+        raise _FieldProblem(
+            "policy.name", f"{cfg.policy.name!r} adapts to the gradient noise scale: set gns.enabled: true"
+        )
     if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):
         raise _FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
     if cfg.schedule.decay == "cosine" and cfg.schedule.decay_samples is None:
         raise _FieldProblem("schedule.decay_samples", "required when schedule.decay is 'cosine'")
     ds = cfg.workload.dataset
+    _check_tokenizer(cfg, flavour.vocab_size)
     if ds.kind == "stdlib":
         if ds.path is not None:
             raise _FieldProblem("workload.dataset.path", "must be empty when workload.dataset.kind is 'stdlib'")
     else:
         if ds.path is None:
             raise _FieldProblem("workload.dataset.path", f"required when workload.dataset.kind is {ds.kind!r}")
-        for key, value in (("path", ds.path), ("val_path", ds.val_path)):
-            if value is not None and not Path(value).expanduser().is_file():
-                raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
+        _check_dataset_files(ds)
         if ds.kind == "bin" and flavour.vocab_size > 2**16 and ds.dtype == "uint16":
-            raise _FieldProblem("workload.dataset.dtype", f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)")
+            raise _FieldProblem(
+                "workload.dataset.dtype",
+                f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)",
+            )
     if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
         raise _FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
     _check_search(cfg, flavour.shape())
+
+
+def _checked_flavour(cfg: ExperimentConfig):
+    """The flavour, with a Hugging Face directory's config.json and safetensors headers checked."""
+    from workloads.hf_config import HFModelError
+    from workloads.hf_files import check_weights
+
+    try:
+        flavour = cfg.flavour()
+        if cfg.workload.init_from is not None:
+            check_weights(cfg.workload.init_from, flavour)
+        return flavour
+    except HFModelError as err:
+        raise _FieldProblem("workload.init_from", str(err)) from None
+
+
+def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
+    from workloads.tokenizer import TokenizerError, tokenizer_vocab_size
+
+    tok, kind = cfg.workload.tokenizer, cfg.workload.dataset.kind
+    if tok is None:
+        return
+    if kind in ("stdlib", "bin"):
+        raise _FieldProblem("workload.tokenizer", f"applies to txt, jsonl and parquet data, not {kind!r}")
+    try:
+        size = tokenizer_vocab_size(tok)
+    except TokenizerError as err:
+        raise _FieldProblem("workload.tokenizer", str(err)) from None
+    if size > vocab_size:
+        raise _FieldProblem(
+            "workload.tokenizer", f"{tok} has {size} tokens, more than the model's vocabulary of {vocab_size}"
+        )
+
+
+def _check_dataset_files(ds: DatasetConfig) -> None:
+    from workloads.prepare import source_files
+
+    for key, value in (("path", ds.path), ("val_path", ds.val_path)):
+        if value is None:
+            continue
+        if ds.kind == "bin" and not Path(value).expanduser().is_file():
+            raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
+        if ds.kind != "bin" and not source_files(value, ds.kind):
+            raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
 
 
 def _check_search(cfg: ExperimentConfig, shape) -> None:
@@ -317,7 +408,9 @@ def _check_search(cfg: ExperimentConfig, shape) -> None:
                 raise _FieldProblem(f"search.layouts.{i}", f"[{dp}, {tp}, {pp}]: {problems[0][1]}")
         p = cfg.parallel
         if (p.dp, p.tp, p.pp) not in [tuple(x) for x in cfg.search.layouts]:
-            raise _FieldProblem("search.layouts", f"must include the starting layout parallel = [{p.dp}, {p.tp}, {p.pp}]")
+            raise _FieldProblem(
+                "search.layouts", f"must include the starting layout parallel = [{p.dp}, {p.tp}, {p.pp}]"
+            )
 
 
 def _format_pydantic_error(err: ValidationError) -> str:
@@ -404,11 +497,11 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 
 class SuiteConfig(_Section):
     """A comparison suite: one experiment run under several policies (`copus compare`)."""
+
     name: str = "comparison"
-    experiment: str | dict[str, Any]                  # experiment YAML (relative to the suite file) or inline
-    set: list[str] = []                               # overrides applied to the experiment, as with --set
-    policies: list[Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"]] = \
-        ["copus", "static", "cbs-pessimistic", "cbs-optimistic"]
+    experiment: str | dict[str, Any]  # experiment YAML (relative to the suite file) or inline
+    set: list[str] = []  # overrides applied to the experiment, as with --set
+    policies: list[PolicyName] = list(DEFAULT_SUITE)
     repeats: int = Field(1, ge=1)
     # same: repeat r of every policy uses seed workload.seed + r (paired: the policies see the same
     # initial weights and data order); vary: every run gets its own seed.

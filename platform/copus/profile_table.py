@@ -18,8 +18,14 @@ from pathlib import Path
 
 from copus.core.layout import ModelShape
 from copus.core.memory import MemoryBreakdown
-from copus.core.throughput import (Config, Measurement, StepTimeModel, StepTimeParams, cross_validate,
-                                   fit_step_time_model)
+from copus.core.throughput import (
+    Config,
+    Measurement,
+    StepTimeModel,
+    StepTimeParams,
+    cross_validate,
+    fit_step_time_model,
+)
 
 SCHEMA_VERSION = 1
 
@@ -43,8 +49,8 @@ def _config_of(row: dict) -> Config:
 @dataclass
 class ProfileTable:
     key: dict
-    rows: list[dict] = field(default_factory=list)   # one per configuration: status ok | infeasible
-    model: dict | None = None                         # fitted StepTimeModel.as_dict() and its error
+    rows: list[dict] = field(default_factory=list)  # one per configuration: status ok | infeasible
+    model: dict | None = None  # fitted StepTimeModel.as_dict() and its error
     created: float = field(default_factory=time.time)
 
     @property
@@ -63,8 +69,16 @@ class ProfileTable:
 
     def record(self, cfg: Config, **values) -> dict:
         """Add or replace the row of `cfg` (a re-measurement replaces the old figure)."""
-        row = {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "mbs": cfg.mbs, "gbs": cfg.gbs,
-               "microbatches": cfg.microbatches, "recorded_at": time.time(), **values}
+        row = {
+            "dp": cfg.dp,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "mbs": cfg.mbs,
+            "gbs": cfg.gbs,
+            "microbatches": cfg.microbatches,
+            "recorded_at": time.time(),
+            **values,
+        }
         self.rows = [r for r in self.rows if _config_of(r) != cfg] + [row]
         return row
 
@@ -81,8 +95,11 @@ class ProfileTable:
     def memory_calibration(self) -> float:
         """How far the memory model under-estimated measured peaks (>= 1; 1 when nothing was
         measured): applied to configurations not profiled."""
-        ratios = [r["peak_memory_bytes"] / r["model_memory_bytes"] for r in self.rows
-                  if r["status"] == "ok" and r.get("peak_memory_bytes") and r.get("model_memory_bytes")]
+        ratios = [
+            r["peak_memory_bytes"] / r["model_memory_bytes"]
+            for r in self.rows
+            if r["status"] == "ok" and r.get("peak_memory_bytes") and r.get("model_memory_bytes")
+        ]
         return max([1.0, *ratios])
 
     def feasible(self, cfg: Config, predicted: MemoryBreakdown, usable_bytes: float) -> tuple[bool, str]:
@@ -101,13 +118,16 @@ class ProfileTable:
         did not see (k-fold); both are stored in the table. Returns the model entry."""
         points = self.measured()
         if len(points) < 2:
-            raise ProfileTableError(f"{len(points)} measured configuration(s): the step-time model needs at least 2 "
-                                    "(raise profile.budget_s)")
+            raise ProfileTableError(
+                f"{len(points)} measured configuration(s): the step-time model needs at least 2 "
+                "(raise profile.budget_s)"
+            )
         model = fit_step_time_model(points, shape)
         report = cross_validate(points, shape, folds)
         for p, pred, ape in zip(points, report.predicted, report.ape):
-            self.row(p.config).update({"cv_predicted_step_time_s": pred, "cv_ape": ape,
-                                       "fitted_step_time_s": model.step_time(p.config)})
+            self.row(p.config).update(
+                {"cv_predicted_step_time_s": pred, "cv_ape": ape, "fitted_step_time_s": model.step_time(p.config)}
+            )
         self.model = {**model.as_dict(), "error": report.as_dict(), "fitted_on": len(points)}
         return self.model
 
@@ -119,8 +139,15 @@ class ProfileTable:
 
     # --- file ---------------------------------------------------------------------------
     def as_dict(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "key": self.key, "key_id": self.id, "created": self.created,
-                "updated": time.time(), "rows": self.rows, "model": self.model}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "key": self.key,
+            "key_id": self.id,
+            "created": self.created,
+            "updated": time.time(),
+            "rows": self.rows,
+            "model": self.model,
+        }
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -137,8 +164,10 @@ class ProfileTable:
         except (OSError, json.JSONDecodeError) as err:
             raise ProfileTableError(f"{path}: not a readable profile table ({err})") from None
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise ProfileTableError(f"{path}: schema_version {data.get('schema_version')!r}, this COPUS reads "
-                                    f"{SCHEMA_VERSION}; profile again with --refresh")
+            raise ProfileTableError(
+                f"{path}: schema_version {data.get('schema_version')!r}, this COPUS reads "
+                f"{SCHEMA_VERSION}; profile again with --refresh"
+            )
         return cls(key=data["key"], rows=data["rows"], model=data.get("model"), created=data["created"])
 
     @classmethod

@@ -29,10 +29,12 @@ def progress_line(record: dict, stop: StopRule, last_val: float | None) -> str |
     if kind == "step":
         eta = eta_to_budget(record, stop)
         val = f" | val {last_val:.4f}" if last_val is not None else ""
-        return (f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | loss {record['train_loss']:.4f}{val}"
-                f" | {record['samples_per_s']:.1f} samples/s | dp{record['dp']}-tp{record['tp']}-pp{record['pp']}"
-                f" gbs {record['gbs']} mbs {record['mbs']}"
-                f" | ETA to budget {_clock(eta) if eta is not None else 'n/a'}")
+        return (
+            f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | loss {record['train_loss']:.4f}{val}"
+            f" | {record['samples_per_s']:.1f} samples/s | dp{record['dp']}-tp{record['tp']}-pp{record['pp']}"
+            f" gbs {record['gbs']} mbs {record['mbs']}"
+            f" | ETA to budget {_clock(eta) if eta is not None else 'n/a'}"
+        )
     if kind == "eval":
         target = f" (target {stop.target_val_loss})" if stop.target_val_loss is not None else ""
         return f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | validation loss {record['val_loss']:.4f}{target}"
@@ -51,16 +53,20 @@ def reconfiguration_line(entry: dict) -> str:
         how += f" after the in-place path failed: {entry['fell_back']}"
     gain = f"; predicted goodput {entry['predicted_gain']:+.1%}" if entry.get("predicted_gain") is not None else ""
     noise = f"; B_noise {entry['b_noise']:.1f}" if entry.get("b_noise") is not None else ""
-    return (f"[{_clock(entry['wall_clock_s'])}] step {entry['step']:>5} | reconfigure {_label(entry['from'])} -> "
-            f"{_label(entry['to'])} ({how}{gain}{noise})")
+    return (
+        f"[{_clock(entry['wall_clock_s'])}] step {entry['step']:>5} | reconfigure {_label(entry['from'])} -> "
+        f"{_label(entry['to'])} ({how}{gain}{noise})"
+    )
 
 
 def summary_text(summary: dict) -> str:
     ttt = summary.get("time_to_target_s")
     reached = f"reached in {ttt:.1f} s" if summary["reached_target"] else "not reached"
     val = summary["final_val_loss"]
-    return "\n".join([
-        f"policy {summary['policy']}: {summary['steps']} steps, {summary['samples']} samples, {summary['wall_clock_s']:.1f} s wall-clock",
-        f"final validation loss {val:.4f}; target {summary.get('target_val_loss')}: {reached} (stopped by {summary['stop_reason']})",
-        f"{len(summary.get('reconfigurations', []))} reconfiguration(s); final configuration {_label(summary['layout'])}",
-    ])
+    return "\n".join(
+        [
+            f"policy {summary['policy']}: {summary['steps']} steps, {summary['samples']} samples, {summary['wall_clock_s']:.1f} s wall-clock",
+            f"final validation loss {val:.4f}; target {summary.get('target_val_loss')}: {reached} (stopped by {summary['stop_reason']})",
+            f"{len(summary.get('reconfigurations', []))} reconfiguration(s); final configuration {_label(summary['layout'])}",
+        ]
+    )

@@ -21,7 +21,7 @@ from copus.core.throughput import Config
 RUN_STATE = "run_state.json"
 CONTROLLER_STATE = "controller_state.json"
 RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
-FAULT_MARKERS = "faults"       # fault-injection markers (copus.train.faults)
+FAULT_MARKERS = "faults"  # fault-injection markers (copus.train.faults)
 RAY_STORAGE = "ray"
 RAY_RUN_NAME = "train"
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
@@ -35,11 +35,11 @@ class RunState:
     mlflow_run_id: str | None = None
     elapsed_s: float = 0.0
     launches: int = 0
-    current: dict | None = None                 # the configuration the run has reached (dp, tp, pp, mbs, gbs)
+    current: dict | None = None  # the configuration the run has reached (dp, tp, pp, mbs, gbs)
     reconfigurations: list = field(default_factory=list)
-    restart_cost_s: float | None = None         # the last measured restart downtime
-    in_place_cost_s: float | None = None        # the last measured in-place layout change downtime
-    reconfigure: str | None = None              # "restart" once an in-place change fell back (sticky)
+    restart_cost_s: float | None = None  # the last measured restart downtime
+    in_place_cost_s: float | None = None  # the last measured in-place layout change downtime
+    reconfigure: str | None = None  # "restart" once an in-place change fell back (sticky)
     worker_failures: list = field(default_factory=list)  # worker groups Ray Train restarted, and what was lost
 
 
@@ -47,8 +47,13 @@ def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
     """What must not change for a checkpoint to be resumable: the model, the data and the
     checkpoint format. The layout and batch shape may change: checkpoints reshard."""
     w = cfg.workload
-    ident = {"model": w.model, "seq_len": w.seq_len, "seed": w.seed, "data": data_fingerprint,
-             "format": CHECKPOINT_FORMAT}
+    ident = {
+        "model": w.model,
+        "seq_len": w.seq_len,
+        "seed": w.seed,
+        "data": data_fingerprint,
+        "format": CHECKPOINT_FORMAT,
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -70,9 +75,11 @@ def load_run_state(output_dir: Path, key: str) -> RunState:
         return RunState(resume_key=key)
     state = RunState(**json.loads(path.read_text()))
     if state.resume_key != key:
-        raise ConfigError(f"output_dir: {output_dir} holds a run this configuration cannot resume (model, seq_len, "
-                          f"seed, data or checkpoint format changed); use --fresh to start over there, or another "
-                          f"output_dir")
+        raise ConfigError(
+            f"output_dir: {output_dir} holds a run this configuration cannot resume (model, seq_len, "
+            f"seed, data or checkpoint format changed); use --fresh to start over there, or another "
+            f"output_dir"
+        )
     return state
 
 
@@ -86,8 +93,10 @@ def resume_config(reached: dict | None, start: Config) -> tuple[Config, str | No
     before = Config(**reached)
     if before.world_size == start.world_size:
         return before, None
-    return start, (f"the cluster has {start.world_size} workers now, {before.world_size} before: resuming from the "
-                   f"last checkpoint in {start.label()}")
+    return start, (
+        f"the cluster has {start.world_size} workers now, {before.world_size} before: resuming from the "
+        f"last checkpoint in {start.label()}"
+    )
 
 
 def write_json_atomic(path: Path, data) -> None:

@@ -19,12 +19,18 @@ from pydantic import Field, ValidationError, model_validator
 from copus.config import ConfigError, _FieldProblem, _format_pydantic_error, _Section, apply_overrides, read_yaml
 from copus.core.hardware import NODES
 from copus.core.layout import layout_problems
-from copus.core.simulator import (CalibratedCriticalBatch, Cluster, CriticalBatch, LossCurve, NoiseEstimate,
-                                  ReconfigurationCosts, Setting)
+from copus.core.policy_names import DEFAULT_SUITE, PolicyName
+from copus.core.simulator import (
+    CalibratedCriticalBatch,
+    Cluster,
+    CriticalBatch,
+    LossCurve,
+    NoiseEstimate,
+    ReconfigurationCosts,
+    Setting,
+)
 from copus.core.throughput import Config
 from workloads.flavours import FLAVOURS
-
-PolicyName = Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"]
 
 
 class SimCluster(_Section):
@@ -33,7 +39,7 @@ class SimCluster(_Section):
 
 
 class SimBatch(_Section):
-    gbs: int = Field(128, ge=1)   # the starting GBS; the static policy keeps it
+    gbs: int = Field(128, ge=1)  # the starting GBS; the static policy keeps it
     mbs: int = Field(1, ge=1)
 
 
@@ -47,7 +53,7 @@ class SimSearch(_Section):
     gbs_min: int = Field(32, ge=1)
     gbs_max: int = Field(2048, ge=1)
     mbs: list[int] = [1, 2, 4]
-    layouts: list[tuple[int, int, int]] | None = None   # default: every valid layout of the cluster
+    layouts: list[tuple[int, int, int]] | None = None  # default: every valid layout of the cluster
 
 
 class SimPolicy(_Section):
@@ -60,7 +66,7 @@ class SimPolicy(_Section):
 class SimCosts(_Section):
     in_place_fixed_s: float = Field(25.0, ge=0.0)
     restart_fixed_s: float = Field(180.0, ge=0.0)
-    storage_gb_per_s: float = Field(1.0, gt=0.0)   # per node, to the checkpoint store
+    storage_gb_per_s: float = Field(1.0, gt=0.0)  # per node, to the checkpoint store
 
 
 class SimLossCurve(_Section):
@@ -74,15 +80,16 @@ class SimLossCurve(_Section):
 class SimCriticalBatch(_Section):
     b_star_tokens: float = Field(2.1e8, gt=0.0)
     alpha_b: float = Field(0.21, gt=0.0)
-    flat_tokens: float | None = Field(None, gt=0.0)   # a constant critical batch instead
+    flat_tokens: float | None = Field(None, gt=0.0)  # a constant critical batch instead
 
 
 class SimTraining(_Section):
     """The truth: loss against effective tokens, and the true critical batch against the loss
     (the published fit under `critical_batch`, or measured: `calibration`, a `copus calibrate`
     JSON, relative to the simulation file)."""
+
     target_loss: float = Field(gt=0.0)
-    max_hours: float = Field(24.0 * 60, gt=0.0)   # simulated time limit
+    max_hours: float = Field(24.0 * 60, gt=0.0)  # simulated time limit
     loss_curve: SimLossCurve = SimLossCurve()
     critical_batch: SimCriticalBatch = SimCriticalBatch()
     calibration: str | None = None
@@ -90,13 +97,16 @@ class SimTraining(_Section):
     @model_validator(mode="after")
     def _one_critical_batch(self) -> "SimTraining":
         if self.calibration is not None and "critical_batch" in self.model_fields_set:
-            raise _FieldProblem("training.calibration", "give either a calibration or training.critical_batch, not both")
+            raise _FieldProblem(
+                "training.calibration", "give either a calibration or training.critical_batch, not both"
+            )
         return self
 
 
 class SimEstimate(_Section):
     """The noise scale the planner sees: b_noise = mapping_error × ε × B_crit / c, ε the
     estimate's relative noise (`noise` its σ, seeded by `seed`), c = policy.critical_factor."""
+
     mapping_error: float = Field(1.0, gt=0.0)
     noise: float = Field(0.0, ge=0.0)
     distribution: Literal["lognormal", "gaussian"] = "lognormal"
@@ -105,6 +115,7 @@ class SimEstimate(_Section):
 
 class SimPaper(_Section):
     """What the COPUS paper reports for this setting, printed beside our figures."""
+
     copus_speedup_vs_fastest_baseline: float | None = None
     note: str = ""
 
@@ -115,14 +126,14 @@ class SimConfig(_Section):
     seq_len: int = Field(4096, ge=1)
     cluster: SimCluster = SimCluster()
     batch: SimBatch = SimBatch()
-    parallel: SimParallel | None = None   # the starting layout; default: data parallel over the cluster
+    parallel: SimParallel | None = None  # the starting layout; default: data parallel over the cluster
     search: SimSearch = SimSearch()
     policy: SimPolicy = SimPolicy()
     reconfigure: Literal["in_place", "restart"] = "in_place"
     costs: SimCosts = SimCosts()
     training: SimTraining
     estimate: SimEstimate = SimEstimate()
-    policies: list[PolicyName] = Field(["copus", "static", "cbs-pessimistic", "cbs-optimistic"], min_length=1)
+    policies: list[PolicyName] = Field(list(DEFAULT_SUITE), min_length=1)
     paper: SimPaper = SimPaper()
 
     @model_validator(mode="after")
@@ -132,13 +143,16 @@ class SimConfig(_Section):
         if self.cluster.node not in NODES:
             raise _FieldProblem("cluster.node", f"unknown node {self.cluster.node!r} (known: {', '.join(NODES)})")
         if self.search.gbs_min > self.search.gbs_max:
-            raise _FieldProblem("search.gbs_min", f"{self.search.gbs_min} is larger than search.gbs_max {self.search.gbs_max}")
+            raise _FieldProblem(
+                "search.gbs_min", f"{self.search.gbs_min} is larger than search.gbs_max {self.search.gbs_max}"
+            )
         if len(set(self.policies)) != len(self.policies):
             raise _FieldProblem("policies", f"list each policy once (got {self.policies})")
         world = NODES[self.cluster.node].accelerators_per_node * self.cluster.nodes
         start = self.parallel or SimParallel(dp=world)
-        problems = layout_problems(start.dp, start.tp, start.pp, FLAVOURS[self.model].shape(), world,
-                                   self.batch.gbs, self.batch.mbs)
+        problems = layout_problems(
+            start.dp, start.tp, start.pp, FLAVOURS[self.model].shape(), world, self.batch.gbs, self.batch.mbs
+        )
         if problems:  # the layout rules name experiment fields; here the cluster is nodes x node
             field, message = problems[0]
             raise _FieldProblem(field.replace("cluster.num_workers", "cluster.nodes"), message)
@@ -200,8 +214,9 @@ def critical_batch_of(cfg: SimConfig) -> CriticalBatch | CalibratedCriticalBatch
     t = cfg.training
     if t.calibration is None:
         return CriticalBatch(**t.critical_batch.model_dump())
-    return CalibratedCriticalBatch.from_branch_points(read_calibration(t.calibration), cfg.seq_len,
-                                                      source=f"calibration {t.calibration}")
+    return CalibratedCriticalBatch.from_branch_points(
+        read_calibration(t.calibration), cfg.seq_len, source=f"calibration {t.calibration}"
+    )
 
 
 def setting_from(cfg: SimConfig) -> Setting:
@@ -211,13 +226,23 @@ def setting_from(cfg: SimConfig) -> Setting:
     p = cfg.parallel or SimParallel(dp=cluster.world)
     t, c = cfg.training, cfg.costs
     return Setting(
-        cluster=cluster, shape=FLAVOURS[cfg.model].shape(), seq_len=cfg.seq_len,
+        cluster=cluster,
+        shape=FLAVOURS[cfg.model].shape(),
+        seq_len=cfg.seq_len,
         start=Config(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs),
-        gbs_min=cfg.search.gbs_min, gbs_max=cfg.search.gbs_max, mbs=tuple(cfg.search.mbs),
-        target_loss=t.target_loss, form=cfg.policy.efficiency, critical_factor=cfg.policy.critical_factor,
-        threshold=cfg.policy.threshold, interval_s=cfg.policy.interval_s, reconfigure=cfg.reconfigure,
+        gbs_min=cfg.search.gbs_min,
+        gbs_max=cfg.search.gbs_max,
+        mbs=tuple(cfg.search.mbs),
+        target_loss=t.target_loss,
+        form=cfg.policy.efficiency,
+        critical_factor=cfg.policy.critical_factor,
+        threshold=cfg.policy.threshold,
+        interval_s=cfg.policy.interval_s,
+        reconfigure=cfg.reconfigure,
         costs=ReconfigurationCosts(c.in_place_fixed_s, c.restart_fixed_s, c.storage_gb_per_s * 1e9),
-        curve=LossCurve(**t.loss_curve.model_dump()), critical=critical_batch_of(cfg),
+        curve=LossCurve(**t.loss_curve.model_dump()),
+        critical=critical_batch_of(cfg),
         estimate=NoiseEstimate(**cfg.estimate.model_dump()),
-        max_hours=t.max_hours, layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
+        max_hours=t.max_hours,
+        layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
     )

@@ -15,9 +15,18 @@ def run_simulation(cfg: SimConfig) -> dict:
     setting = setting_from(cfg)
     space = search_space(setting)
     results = {p: simulate(setting, p, space) for p in cfg.policies}
-    runs = [{"policy": p, "repeat": 0, "time_to_target_s": r.time_to_target_s,
-             "reached_target": r.time_to_target_s is not None, "final_val_loss": r.final_loss,
-             "samples": r.samples, "reconfigurations": len(r.reconfigurations)} for p, r in results.items()]
+    runs = [
+        {
+            "policy": p,
+            "repeat": 0,
+            "time_to_target_s": r.time_to_target_s,
+            "reached_target": r.time_to_target_s is not None,
+            "final_val_loss": r.final_loss,
+            "samples": r.samples,
+            "reconfigurations": len(r.reconfigurations),
+        }
+        for p, r in results.items()
+    ]
     stats = summarize(runs, list(cfg.policies))
     copus = stats.get("copus", {})
     c = setting.cluster
@@ -27,14 +36,20 @@ def run_simulation(cfg: SimConfig) -> dict:
         "cluster": f"{c.nodes}x{c.node.accelerators_per_node} {c.node.accelerator.name}",
         "target_loss": cfg.training.target_loss,
         "candidates": len(space[0]),
-        "reconfiguration_costs_s": {"in_place": setting.costs.in_place_s(c, setting.shape),
-                                    "restart": setting.costs.restart_s(c, setting.shape), "mode": cfg.reconfigure},
+        "reconfiguration_costs_s": {
+            "in_place": setting.costs.in_place_s(c, setting.shape),
+            "restart": setting.costs.restart_s(c, setting.shape),
+            "mode": cfg.reconfigure,
+        },
         "policies": {p: r.as_dict() for p, r in results.items()},
         "copus_speedup_vs_fastest_baseline": copus.get("speedup_vs_fastest_baseline"),
         "fastest_baseline": copus.get("fastest_baseline"),
         "paper": cfg.paper.model_dump(),
-        "truth": {"critical_batch": setting.critical.source, "calibration": cfg.training.calibration,
-                  "efficiency": "McCandlish et al. 2018: a step of B samples is worth B*B_crit/(B_crit+B)"},
+        "truth": {
+            "critical_batch": setting.critical.source,
+            "calibration": cfg.training.calibration,
+            "efficiency": "McCandlish et al. 2018: a step of B samples is worth B*B_crit/(B_crit+B)",
+        },
         "planner": {"efficiency": cfg.policy.efficiency, "critical_factor": cfg.policy.critical_factor},
         "estimate": cfg.estimate.model_dump(),
         "mapping_error": cfg.estimate.mapping_error,
@@ -53,25 +68,35 @@ def _pct(x: float | None) -> str:
 def _truth_line(result: dict) -> str:
     e, p = result["estimate"], result["planner"]
     noise = f", noise {e['noise']:g} ({e['distribution']}, seed {e['seed']})" if e["noise"] > 0 else ""
-    return (f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
-            f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}")
+    return (
+        f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
+        f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}"
+    )
 
 
 def simulation_text(result: dict) -> str:
-    lines = [f"{result['name']}: {result['model']} on {result['cluster']}, target loss {result['target_loss']}, "
-             f"{result['candidates']} feasible configurations",
-             f"reconfiguration cost: in place {result['reconfiguration_costs_s']['in_place']:.0f} s, restart "
-             f"{result['reconfiguration_costs_s']['restart']:.0f} s (runs use {result['reconfiguration_costs_s']['mode']})",
-             _truth_line(result),
-             "",
-             f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<26} {'final':<26}"]
+    lines = [
+        f"{result['name']}: {result['model']} on {result['cluster']}, target loss {result['target_loss']}, "
+        f"{result['candidates']} feasible configurations",
+        f"reconfiguration cost: in place {result['reconfiguration_costs_s']['in_place']:.0f} s, restart "
+        f"{result['reconfiguration_costs_s']['restart']:.0f} s (runs use {result['reconfiguration_costs_s']['mode']})",
+        _truth_line(result),
+        "",
+        f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<26} {'final':<26}",
+    ]
     for policy, r in result["policies"].items():
-        lines.append(f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
-                     f"{Config(**r['start']).label():<26} {Config(**r['final']).label():<26}")
+        lines.append(
+            f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
+            f"{Config(**r['start']).label():<26} {Config(**r['final']).label():<26}"
+        )
     paper = result["paper"].get("copus_speedup_vs_fastest_baseline")
-    lines += ["", f"copus speedup vs fastest baseline ({result['fastest_baseline']}): "
-                  f"{_pct(result['copus_speedup_vs_fastest_baseline'])} (paper: {_pct(paper)})", "",
-              "throughput-optimal configuration by GBS:"]
+    lines += [
+        "",
+        f"copus speedup vs fastest baseline ({result['fastest_baseline']}): "
+        f"{_pct(result['copus_speedup_vs_fastest_baseline'])} (paper: {_pct(paper)})",
+        "",
+        "throughput-optimal configuration by GBS:",
+    ]
     previous = None
     for row in result["best_layout_by_gbs"]:
         c = Config(**row["config"])

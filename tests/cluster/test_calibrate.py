@@ -20,9 +20,16 @@ from copus.core.planner import planner_for
 from copus.core.throughput import Config
 
 GRID = [2, 4, 8, 32]
-SETTINGS = [f"calibration.gbs={GRID}", "calibration.branch_samples=[16,48]", "calibration.decrement=0.05",
-            "calibration.seeds=2", "calibration.max_samples=640", "calibration.eval_every_samples=16",
-            "calibration.gns_steps=4", "stop.max_steps=100"]
+SETTINGS = [
+    f"calibration.gbs={GRID}",
+    "calibration.branch_samples=[16,48]",
+    "calibration.decrement=0.05",
+    "calibration.seeds=2",
+    "calibration.max_samples=640",
+    "calibration.eval_every_samples=16",
+    "calibration.gns_steps=4",
+    "stop.max_steps=100",
+]
 
 
 @pytest.mark.slow
@@ -80,12 +87,18 @@ def test_bad_calibration_settings_are_refused_before_anything_starts(base_mappin
 
 
 def test_a_suite_is_calibrated_where_its_runs_look(base_mapping, tmp_path):
-    from copus.cli import _calibration_config
     import argparse
-    suite = {"name": "s", "policies": ["copus", "static"], "output_dir": str(tmp_path / "suite"),
-             "experiment": base_mapping}
+
+    from copus.cli import experiment_config
+
+    suite = {
+        "name": "s",
+        "policies": ["copus", "static"],
+        "output_dir": str(tmp_path / "suite"),
+        "experiment": base_mapping,
+    }
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
-    cfg = _calibration_config(argparse.Namespace(experiment=str(path), overrides=[]))
+    cfg = experiment_config(argparse.Namespace(experiment=str(path), overrides=[]))
     assert cfg.resolved_profile_dir() == (tmp_path / "suite" / "profiles").resolve()
     assert json.loads(json.dumps(cfg.model_dump(mode="json")))["name"] == "test"

@@ -21,34 +21,52 @@ from copus.core.throughput import Config
 from copus.profile_table import ProfileTable, profile_key
 from copus.train.local import run_local
 from tests.train.loop_helpers import shapes_hook
-from workloads.flavours import FLAVOURS
 
 pytestmark = pytest.mark.slow
 
 # Samples/s the "profile" claims: data parallel is best at small GBS, the pipeline at GBS 32.
-SCRIPTED = {(2, 1, 1, 8): 100.0, (2, 1, 1, 16): 150.0, (2, 1, 1, 32): 160.0,
-            (1, 1, 2, 8): 50.0, (1, 1, 2, 16): 100.0, (1, 1, 2, 32): 200.0}
+SCRIPTED = {
+    (2, 1, 1, 8): 100.0,
+    (2, 1, 1, 16): 150.0,
+    (2, 1, 1, 32): 160.0,
+    (1, 1, 2, 8): 50.0,
+    (1, 1, 2, 16): 100.0,
+    (1, 1, 2, 32): 200.0,
+}
 
 
 def _write_scripted_profile(cfg) -> None:
     key = profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers)
     table = ProfileTable(key)
     for (dp, tp, pp, gbs), per_s in SCRIPTED.items():
-        table.record(Config(dp, tp, pp, 2, gbs), status="ok", source="measured", step_time_s=gbs / per_s,
-                     step_times=[gbs / per_s], samples_per_s=per_s)
-    table.fit(FLAVOURS[cfg.workload.model].shape(), folds=3)
+        table.record(
+            Config(dp, tp, pp, 2, gbs),
+            status="ok",
+            source="measured",
+            step_time_s=gbs / per_s,
+            step_times=[gbs / per_s],
+            samples_per_s=per_s,
+        )
+    table.fit(cfg.flavour().shape(), folds=3)
     table.save(cfg.resolved_profile_dir())
 
 
 def _mapping(base_mapping) -> dict:
-    return {**base_mapping,
-            "batch": {"gbs": 8, "mbs": 2},
-            "search": {"gbs_min": 8, "gbs_max": 32, "mbs": [2], "layouts": [[2, 1, 1], [1, 1, 2]]},
-            "policy": {"name": "copus", "interval_s": 0.5, "restart_cost_s": 0.05, "in_place_cost_s": 0.05,
-                       "threshold": 0.1},
-            "stop": {"max_steps": 90, "max_wall_clock_s": 120},
-            "eval": {"every_steps": 1000, "val_samples": 8},
-            "checkpoint": {"every_steps": 1000}}
+    return {
+        **base_mapping,
+        "batch": {"gbs": 8, "mbs": 2},
+        "search": {"gbs_min": 8, "gbs_max": 32, "mbs": [2], "layouts": [[2, 1, 1], [1, 1, 2]]},
+        "policy": {
+            "name": "copus",
+            "interval_s": 0.5,
+            "restart_cost_s": 0.05,
+            "in_place_cost_s": 0.05,
+            "threshold": 0.1,
+        },
+        "stop": {"max_steps": 90, "max_wall_clock_s": 120},
+        "eval": {"every_steps": 1000, "val_samples": 8},
+        "checkpoint": {"every_steps": 1000},
+    }
 
 
 def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
@@ -62,7 +80,11 @@ def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
     recon = summary["reconfigurations"]
     assert len(recon) == 2, recon
     first, second = recon
-    assert first["in_place"] and first["from"]["gbs"] == 8 and first["to"] == {"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 16}
+    assert (
+        first["in_place"]
+        and first["from"]["gbs"] == 8
+        and first["to"] == {"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 16}
+    )
     assert second["in_place"] and second["to"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 32}
     assert first["change"] == "gbs" and second["change"] == "layout"
     # dp2 -> pp2: each rank already holds its new stage (a full replica before): all copied locally.
@@ -81,7 +103,10 @@ def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
     pp = {m.step: m.value for m in client.get_metric_history(run, "pp")}
     assert sorted(losses) == list(range(1, summary["steps"] + 1))
     assert pp[second["step"]] == 1 and pp[second["step"] + 1] == 2  # the next step ran as a pipeline
-    assert [m.step for m in client.get_metric_history(run, "reconfiguration_downtime_s")] == [first["step"], second["step"]]
+    assert [m.step for m in client.get_metric_history(run, "reconfiguration_downtime_s")] == [
+        first["step"],
+        second["step"],
+    ]
     saved = json.loads((cfg.resolved_output_dir() / "summary.json").read_text())
     assert len(saved["reconfigurations"]) == 2
 

@@ -45,8 +45,10 @@ def test_a_killed_worker_costs_the_steps_since_the_last_checkpoint_and_no_sample
     assert killed["launches"] == 1  # Ray Train restarted the group; the driver did not relaunch
     [failure] = killed["worker_failures"]
     assert failure["resumed_at_step"] == 4 and failure["last_step_before"] == 6 and failure["steps_lost"] == 2
-    assert any("a worker failed: Ray Train restarted the worker group, resumed from the checkpoint at step 4" in m
-               for m in messages)
+    assert any(
+        "a worker failed: Ray Train restarted the worker group, resumed from the checkpoint at step 4" in m
+        for m in messages
+    )
     out = cfg.resolved_output_dir()
     assert (out / "faults" / "killed-at-step-7").is_file()
 
@@ -76,8 +78,9 @@ def test_a_killed_controller_is_restarted_and_goes_on_from_its_state(base_mappin
     # The script's first decision (B_noise 20) doubles the GBS; the second (1000) moves to the
     # pipeline; later ones repeat 1000. A controller restarted without its state would start
     # the script over and move the GBS back.
-    thread = threading.Thread(target=lambda: result.update(
-        summary=run_experiment(cfg, echo=lambda _: None, b_noise_script=(20.0, 1000.0))))
+    thread = threading.Thread(
+        target=lambda: result.update(summary=run_experiment(cfg, echo=lambda _: None, b_noise_script=(20.0, 1000.0)))
+    )
     thread.start()
     deadline = time.time() + 120
     while time.time() < deadline:  # kill it once it has made its first switch

@@ -22,8 +22,13 @@ def test_ctrl_c_in_copus_run_prints_one_line_and_exits_130(base_mapping, tmp_pat
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(base_mapping))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "copus.cli", "run", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "copus.cli", "run", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.time() + 240
     records = out / "records.jsonl"
     # Wait for a checkpoint to exist, then press Ctrl-C.

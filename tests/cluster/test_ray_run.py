@@ -25,7 +25,9 @@ def test_relaunch_resumes_with_the_same_next_loss(base_mapping, tmp_path):
     whole = run_experiment(whole_cfg, echo=messages.append)
 
     cut_dir = tmp_path / "cut"
-    first = run_experiment(config_from_mapping(base_mapping, [f"output_dir={cut_dir}", "stop.max_steps=3"]), echo=messages.append)
+    first = run_experiment(
+        config_from_mapping(base_mapping, [f"output_dir={cut_dir}", "stop.max_steps=3"]), echo=messages.append
+    )
     assert first["steps"] == 3 and first["stop_reason"] == "max_steps"
     resumed = run_experiment(config_from_mapping(base_mapping, [f"output_dir={cut_dir}"]), echo=messages.append)
     assert any(m.startswith(f"resuming run in {cut_dir}") for m in messages)
@@ -43,8 +45,17 @@ def test_relaunch_resumes_with_the_same_next_loss(base_mapping, tmp_path):
     assert resumed["final_val_loss"] == pytest.approx(whole["final_val_loss"], rel=1e-5)
 
     summary = json.loads((cut_dir / "summary.json").read_text())
-    for key in ("policy", "reached_target", "time_to_target_s", "final_val_loss", "steps", "samples",
-                "wall_clock_s", "mlflow_run_id", "reconfigurations"):
+    for key in (
+        "policy",
+        "reached_target",
+        "time_to_target_s",
+        "final_val_loss",
+        "steps",
+        "samples",
+        "wall_clock_s",
+        "mlflow_run_id",
+        "reconfigurations",
+    ):
         assert key in summary
     assert summary["reconfigurations"] == [] and summary["reached_target"] is False
     assert summary["time_to_target_s"] is None
@@ -54,27 +65,49 @@ def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path, monkeypat
     # A target the debug model reaches within a few steps: time_to_target_s must be logged.
     # Step 2's gradient is made NaN on the workers: the step is skipped, counted and logged.
     monkeypatch.setenv("COPUS_INJECT_NONFINITE_STEPS", "2")
-    cfg = config_from_mapping(base_mapping, ["stop.target_val_loss=5.0", "stop.max_steps=30", "tracking.run_name=target"])
+    cfg = config_from_mapping(
+        base_mapping, ["stop.target_val_loss=5.0", "stop.max_steps=30", "tracking.run_name=target"]
+    )
     messages: list[str] = []
     summary = run_experiment(cfg, echo=messages.append)
     assert summary["reached_target"] and summary["stop_reason"] == "target_val_loss"
     assert summary["nonfinite_steps"] == 1 and summary["skipped_samples"] == 8
     assert any(m.startswith("warning: step 2: non-finite loss") and "update skipped" in m for m in messages)
-    assert [m.step for m in MlflowClient(tracking_uri=cfg.resolved_tracking_uri()).get_metric_history(
-        summary["mlflow_run_id"], "nonfinite_steps")] == [2]
+    assert [
+        m.step
+        for m in MlflowClient(tracking_uri=cfg.resolved_tracking_uri()).get_metric_history(
+            summary["mlflow_run_id"], "nonfinite_steps"
+        )
+    ] == [2]
     assert 0 < summary["time_to_target_s"] <= summary["wall_clock_s"]
 
     mlflow.set_tracking_uri(cfg.resolved_tracking_uri())
     runs = mlflow.search_runs(experiment_names=["tests"], filter_string="tags.policy = 'static'")
     row = runs[runs["run_id"] == summary["mlflow_run_id"]].iloc[0]
     assert row["status"] == "FINISHED"
-    assert row["params.batch.gbs"] == "8" and row["params.parallel.dp"] == "2" and row["params.workload.model"] == "debug"
+    assert (
+        row["params.batch.gbs"] == "8" and row["params.parallel.dp"] == "2" and row["params.workload.model"] == "debug"
+    )
     assert row["tags.layout"] == "dp2-tp1-pp1" and row["tags.reached_target"] == "True"
     assert row["metrics.time_to_target_s"] == pytest.approx(summary["time_to_target_s"])
     client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
-    for key in ("train_loss", "val_loss", "samples_per_s", "tokens_per_s", "step_time_s", "gbs", "mbs", "lr",
-                "samples", "wall_clock_s", "gns_sqr", "gns_var", "b_noise", "critical_batch_size",
-                "statistical_efficiency"):
+    for key in (
+        "train_loss",
+        "val_loss",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_time_s",
+        "gbs",
+        "mbs",
+        "lr",
+        "samples",
+        "wall_clock_s",
+        "gns_sqr",
+        "gns_var",
+        "b_noise",
+        "critical_batch_size",
+        "statistical_efficiency",
+    ):
         assert client.get_metric_history(summary["mlflow_run_id"], key), key
     steps = _history(client, summary["mlflow_run_id"], "train_loss")
     assert sorted(steps) == [s for s in range(1, summary["steps"] + 1) if s != 2]  # step 2 made no update
@@ -83,10 +116,13 @@ def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path, monkeypat
 def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_path):
     """dp=2 x tp=2 x pp=2 on 8 Ray workers trains the same numbers as dp=2 alone."""
     common = ["stop.max_steps=3", "eval.every_steps=3"]
-    flat = run_experiment(config_from_mapping(base_mapping, common + [f"output_dir={tmp_path / 'dp'}"]),
-                          echo=lambda _: None)
-    cfg3d = config_from_mapping(base_mapping, common + [f"output_dir={tmp_path / '3d'}", "parallel.tp=2",
-                                                        "parallel.pp=2", "cluster.num_workers=8"])
+    flat = run_experiment(
+        config_from_mapping(base_mapping, common + [f"output_dir={tmp_path / 'dp'}"]), echo=lambda _: None
+    )
+    cfg3d = config_from_mapping(
+        base_mapping,
+        common + [f"output_dir={tmp_path / '3d'}", "parallel.tp=2", "parallel.pp=2", "cluster.num_workers=8"],
+    )
     three_d = run_experiment(cfg3d, echo=lambda _: None)
     client = MlflowClient(tracking_uri=cfg3d.resolved_tracking_uri())
     flat_loss = _history(client, flat["mlflow_run_id"], "train_loss")
@@ -100,8 +136,13 @@ def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_
     assert run.data.tags["layout"] == "dp2-tp2-pp2"
     assert run.data.metrics["pp"] == 2 and run.data.metrics["tp"] == 2
     # The step-time breakdown is logged with the layout.
-    for key in ("forward_backward_time_s", "dp_allreduce_time_s", "grad_norm_time_s", "optimizer_time_s",
-                "pipeline_bubble_fraction"):
+    for key in (
+        "forward_backward_time_s",
+        "dp_allreduce_time_s",
+        "grad_norm_time_s",
+        "optimizer_time_s",
+        "pipeline_bubble_fraction",
+    ):
         assert client.get_metric_history(three_d["mlflow_run_id"], key), key
     assert run.data.metrics["pipeline_bubble_fraction"] == pytest.approx(1 / 3)  # (p-1)/(m+p-1), m = 2
 

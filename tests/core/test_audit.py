@@ -18,8 +18,15 @@ def se(b: float, b_crit: float) -> float:
     return b_crit / (b_crit + b)
 
 
-def loss_curve(phases: list[tuple[int, int]], rate, noise: float = 0.0, p: float = 2.0, l0: float = 5.5,
-               l_inf: float = 1.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def loss_curve(
+    phases: list[tuple[int, int]],
+    rate,
+    noise: float = 0.0,
+    p: float = 2.0,
+    l0: float = 5.5,
+    l_inf: float = 1.5,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Step by step through `phases` [(GBS, until samples), ...] with dL/ds = −rate(B, phase)·(L − L∞)^p,
     integrated exactly over each step ((L − L∞)^(1−p) grows by (p − 1)·rate·B). Observed per-step
     losses carry gaussian noise of sd `noise`·√(16/B) (a batch's loss averages B samples)."""
@@ -47,8 +54,10 @@ def test_recovers_the_true_efficiency_ratio_within_10_percent(b_crit, b1, b2):
     samples, loss = loss_curve([(b1, 4096), (b2, 16384)], mccandlish(b_crit), noise=0.03)
     true = se(b2, b_crit) / se(b1, b_crit)
     est = realized_gain(samples, loss, 4096)
-    print(f"B_crit {b_crit}: GBS {b1}->{b2} true {true:.3f} estimated {est.rho:.3f} "
-          f"[{est.interval[0]:.3f}, {est.interval[1]:.3f}] ({est.n_before}/{est.n_after} points)")
+    print(
+        f"B_crit {b_crit}: GBS {b1}->{b2} true {true:.3f} estimated {est.rho:.3f} "
+        f"[{est.interval[0]:.3f}, {est.interval[1]:.3f}] ({est.n_before}/{est.n_after} points)"
+    )
     assert est.rho == pytest.approx(true, rel=0.10)
     assert est.interval[0] <= true <= est.interval[1]
     assert est.n_before == 4096 // b1 and est.n_after == 12288 // b2 - 5  # less the settling steps
@@ -58,7 +67,7 @@ def test_recovers_the_true_efficiency_ratio_within_10_percent(b_crit, b1, b2):
 @given(rho=st.floats(0.2, 5.0), p=st.floats(1.3, 3.0), switch=st.sampled_from([1600, 3200]))
 def test_noise_free_curves_give_the_ratio_for_any_loss_gap_exponent(rho, p, switch):
     # One batch size; progress per sample multiplied by ρ after the switch.
-    samples, loss = loss_curve([(16, switch), (16, switch + 3200)], lambda b, phase: 1e-4 * rho ** phase, p=p)
+    samples, loss = loss_curve([(16, switch), (16, switch + 3200)], lambda b, phase: 1e-4 * rho**phase, p=p)
     est = realized_gain(samples, loss, switch, settle_steps=0)
     assert est.rho == pytest.approx(rho, rel=0.02)
 
@@ -78,12 +87,18 @@ def test_too_few_points_after_the_change_is_none_with_a_reason():
 
 def test_audit_of_a_run_adds_predicted_and_realized_gain_to_every_change():
     samples, loss = loss_curve([(16, 4096), (64, 16384)], mccandlish(100), noise=0.03)
-    steps = [{"kind": "step", "step": i + 1, "samples": float(s), "train_loss": float(v),
-              "gbs": 16 if s <= 4096 else 64} for i, (s, v) in enumerate(zip(samples, loss))]
+    steps = [
+        {"kind": "step", "step": i + 1, "samples": float(s), "train_loss": float(v), "gbs": 16 if s <= 4096 else 64}
+        for i, (s, v) in enumerate(zip(samples, loss))
+    ]
     layout = {"dp": 2, "tp": 1, "pp": 1, "mbs": 8}
     change = {"step": 256, "samples": 4096, "from": {**layout, "gbs": 16}, "to": {**layout, "gbs": 64}}
-    relayout = {"step": 300, "samples": 6912, "from": {**layout, "gbs": 64},
-                "to": {**layout, "dp": 1, "pp": 2, "gbs": 64}}
+    relayout = {
+        "step": 300,
+        "samples": 6912,
+        "from": {**layout, "gbs": 64},
+        "to": {**layout, "dp": 1, "pp": 2, "gbs": 64},
+    }
     reconfigure = {"kind": "reconfigure", **change, "predicted_efficiency_gain": 0.7}
     # A worker failure after step 110: the group resumed from step 100's checkpoint and redid
     # steps 101-110. The first attempt's records (a wild loss here) are superseded.
@@ -108,14 +123,19 @@ def test_a_change_between_two_others_is_read_between_them():
     steps (settling after the first change) are left out of the second change's window before."""
     phases = [(16, 4096), (32, 8192), (64, 16384)]
     samples, loss = loss_curve(phases, mccandlish(100), noise=0.03)
-    steps = [{"kind": "step", "step": i + 1, "samples": s, "train_loss": v}
-             for i, (s, v) in enumerate(zip(samples, loss))]
+    steps = [
+        {"kind": "step", "step": i + 1, "samples": s, "train_loss": v} for i, (s, v) in enumerate(zip(samples, loss))
+    ]
     layout = {"dp": 2, "tp": 1, "pp": 1, "mbs": 8}
-    entries = [{"step": 256, "samples": 4096, "from": {**layout, "gbs": 16}, "to": {**layout, "gbs": 32}},
-               {"step": 384, "samples": 8192, "from": {**layout, "gbs": 32}, "to": {**layout, "gbs": 64}}]
+    entries = [
+        {"step": 256, "samples": 4096, "from": {**layout, "gbs": 16}, "to": {**layout, "gbs": 32}},
+        {"step": 384, "samples": 8192, "from": {**layout, "gbs": 32}, "to": {**layout, "gbs": 64}},
+    ]
     first, second = audit_reconfigurations(entries, steps, run_start_samples=320)
-    print(f"16->32 true {se(32, 100) / se(16, 100):.3f} estimated {first['realized_efficiency_gain']:.3f}; "
-          f"32->64 true {se(64, 100) / se(32, 100):.3f} estimated {second['realized_efficiency_gain']:.3f}")
+    print(
+        f"16->32 true {se(32, 100) / se(16, 100):.3f} estimated {first['realized_efficiency_gain']:.3f}; "
+        f"32->64 true {se(64, 100) / se(32, 100):.3f} estimated {second['realized_efficiency_gain']:.3f}"
+    )
     assert first["audit_points"] == {"before": 256 - 20, "after": 128 - 5}  # after the warm-up's 20 steps
     assert second["audit_points"] == {"before": 128 - 5, "after": 128 - 5}
     assert first["realized_efficiency_gain"] == pytest.approx(se(32, 100) / se(16, 100), rel=0.10)

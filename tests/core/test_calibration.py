@@ -9,8 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copus.core.calibration import (CalibratedMapping, NoiseScaleMapping, branch_fit_from_dict, fit_branch, smoothed_crossing,
-                                    mapping_from_calibration, samples_to_decrement, with_noise_scales)
+from copus.core.calibration import (
+    CalibratedMapping,
+    NoiseScaleMapping,
+    branch_fit_from_dict,
+    fit_branch,
+    mapping_from_calibration,
+    samples_to_decrement,
+    smoothed_crossing,
+    with_noise_scales,
+)
 from copus.core.planner import Planner, SwitchCosts, planner_for
 from copus.core.policies import decide
 from copus.core.throughput import Config
@@ -60,7 +68,9 @@ def test_a_sweep_that_is_not_linear_in_b_is_rejected_and_its_curve_kept():
 
 def test_the_calibrated_mapping_follows_c_across_progress():
     early = with_noise_scales(fit_branch(3.0, 0.2, 320, {b: [100 * (1 + b / 4)] * 2 for b in GRID}, 16), 2.0, 3.0, 2.0)
-    late = with_noise_scales(fit_branch(2.2, 0.2, 3200, {b: [900 * (1 + b / 60)] * 2 for b in GRID}, 16), 10.0, 9.0, 5.0)
+    late = with_noise_scales(
+        fit_branch(2.2, 0.2, 3200, {b: [900 * (1 + b / 60)] * 2 for b in GRID}, 16), 10.0, 9.0, 5.0
+    )
     assert early.c == pytest.approx(2.0) and late.c == pytest.approx(12.0)
     m = CalibratedMapping((late, early), b0=16)  # any order: sorted by progress
     assert m.factor(5.0) == pytest.approx(2.0) and m.factor(1.0) == pytest.approx(12.0)
@@ -86,7 +96,9 @@ def test_a_calibration_round_trips_through_its_json():
 def test_cbs_and_copus_read_the_same_mapping():
     cands = [Config(2, 1, 1, 4, g) for g in (8, 16, 32, 64, 128)]
     rising = {c: 100.0 * (c.gbs / 8) ** 0.6 for c in cands}
-    late = with_noise_scales(fit_branch(2.2, 0.2, 3200, {b: [900 * (1 + b / 60)] * 2 for b in GRID}, 16), 10.0, 9.0, 5.0)
+    late = with_noise_scales(
+        fit_branch(2.2, 0.2, 3200, {b: [900 * (1 + b / 60)] * 2 for b in GRID}, 16), 10.0, 9.0, 5.0
+    )
     cal = {"id": "t", "branch_points": [late.as_dict()]}
     p = planner_for(rising, 16, "lr-aware", 2.0, 0.1, cal)
     configured = planner_for(rising, 16, "lr-aware", 2.0, 0.1)

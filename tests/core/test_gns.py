@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from copus.core.efficiency import statistical_efficiency
 from copus.core.gns import GNSEstimator, two_batch_estimates
@@ -28,19 +29,28 @@ def test_two_batch_estimates_are_exact_on_expectations():
 
 
 @settings(max_examples=12, deadline=None)
-@given(g_scale=st.floats(0.2, 3.0), noise_scale=st.floats(0.5, 5.0), b_small=st.sampled_from([2, 4, 8]),
-       ratio=st.sampled_from([2, 4, 8]), seed=st.integers(0, 10**6))
+@given(
+    g_scale=st.floats(0.2, 3.0),
+    noise_scale=st.floats(0.5, 5.0),
+    b_small=st.sampled_from([2, 4, 8]),
+    ratio=st.sampled_from([2, 4, 8]),
+    seed=st.integers(0, 10**6),
+)
 def test_smoothed_estimates_converge_to_the_truth(g_scale, noise_scale, b_small, ratio, seed):
     rng = np.random.default_rng(seed)
     dim = 200
     G = rng.normal(size=dim) * g_scale / math.sqrt(dim)
-    sigma = rng.uniform(0.5, 1.5, size=dim) * noise_scale ** 2
+    sigma = rng.uniform(0.5, 1.5, size=dim) * noise_scale**2
     true_sqr, true_var = float(G @ G), float(sigma.sum())
     b_big = b_small * ratio
     est = GNSEstimator(reference_gbs=b_big, smoothing=0.999)
     for _ in range(3000):
-        est.update(_sq_norm_of_batch_gradient(rng, G, sigma, b_small), b_small,
-                   _sq_norm_of_batch_gradient(rng, G, sigma, b_big), b_big)
+        est.update(
+            _sq_norm_of_batch_gradient(rng, G, sigma, b_small),
+            b_small,
+            _sq_norm_of_batch_gradient(rng, G, sigma, b_big),
+            b_big,
+        )
     assert est.grad_var == pytest.approx(true_var, rel=0.1)
     assert est.grad_sqr == pytest.approx(true_sqr, rel=0.1, abs=0.1 * true_var / b_big)
     if true_sqr > true_var / b_big:  # the ratio is well conditioned

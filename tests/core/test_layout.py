@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from copus.core.layout import ModelShape, bubble_fraction, layout_problems, stage_layer_ranges
 
@@ -35,7 +36,8 @@ def test_problems_name_the_field():
     assert layout_problems(1, 1, 5, SHAPE)[0][0] == "parallel.pp"
     assert layout_problems(2, 1, 1, SHAPE, world_size=4)[0][0] == "cluster.num_workers"
     assert layout_problems(2, 1, 4, SHAPE, gbs=8, mbs=2) == [
-        ("batch.gbs", "8 gives 2 micro-batches per replica (gbs / (dp x mbs)), fewer than the 4 pipeline stages")]
+        ("batch.gbs", "8 gives 2 micro-batches per replica (gbs / (dp x mbs)), fewer than the 4 pipeline stages")
+    ]
 
 
 def test_tied_embeddings_refuse_pipeline_stages():

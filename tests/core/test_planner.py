@@ -17,8 +17,12 @@ from workloads.flavours import FLAVOURS
 SHAPE = FLAVOURS["small"].shape()
 GRID = gbs_grid(16, 512)
 CANDS = candidates(valid_layouts(8, SHAPE), [2, 4, 8], GRID, SHAPE)
-MODEL = StepTimeModel(StepTimeParams(a0=0.004, a1=0.012, c0=0.002, c1=0.0008, p0=0.003, p1=0.0005, d0=0.05,
-                                     d1=4e-9, o0=0.02, o1=2e-9, z=1.0), SHAPE)
+MODEL = StepTimeModel(
+    StepTimeParams(
+        a0=0.004, a1=0.012, c0=0.002, c1=0.0008, p0=0.003, p1=0.0005, d0=0.05, d1=4e-9, o0=0.02, o1=2e-9, z=1.0
+    ),
+    SHAPE,
+)
 
 
 def model_throughput(cfgs):
@@ -41,7 +45,9 @@ def test_goodput_is_throughput_times_efficiency():
     s = p.score(CANDS[7], 100.0)
     assert s.goodput == pytest.approx(s.throughput * (100 + 16) / (100 + CANDS[7].gbs))
     lr_aware = Planner(CANDS, model_throughput, 16, form="lr-aware", critical_factor=2.0).score(CANDS[7], 100.0)
-    assert lr_aware.efficiency == pytest.approx((200 + 16) / (200 + CANDS[7].gbs)) and lr_aware.efficiency >= s.efficiency
+    assert (
+        lr_aware.efficiency == pytest.approx((200 + 16) / (200 + CANDS[7].gbs)) and lr_aware.efficiency >= s.efficiency
+    )
 
 
 def test_respects_memory_by_choosing_only_among_feasible_candidates():
@@ -54,8 +60,11 @@ def test_hysteresis_and_switch_costs():
     p = planner(threshold=0.10)
     best = p.best(300.0)
     # A current configuration within 10% of the best: stay.
-    close = max((c for c in CANDS if c != best.config and p.score(c, 300.0).goodput > best.goodput / 1.09),
-                key=lambda c: -p.score(c, 300.0).goodput, default=None)
+    close = max(
+        (c for c in CANDS if c != best.config and p.score(c, 300.0).goodput > best.goodput / 1.09),
+        key=lambda c: -p.score(c, 300.0).goodput,
+        default=None,
+    )
     if close is not None:
         assert not p.decide(close, 300.0, interval_s=60, costs=SwitchCosts(0.0)).switch
     # Far behind: switch, unless the move cannot pay off within the interval.
@@ -76,10 +85,18 @@ def test_hysteresis_and_switch_costs():
 def test_switch_costs_by_what_changes():
     a = Config(2, 1, 1, 2, 16)
     costs = SwitchCosts(layout_s=7.0, mbs_s=1.0)
-    assert [change_kind(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == \
-        ["none", "gbs", "mbs", "layout"]
-    assert [costs.of(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == \
-        [0.0, 0.0, 1.0, 7.0]
+    assert [change_kind(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == [
+        "none",
+        "gbs",
+        "mbs",
+        "layout",
+    ]
+    assert [costs.of(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == [
+        0.0,
+        0.0,
+        1.0,
+        7.0,
+    ]
     # The cost shifts the choice: with cheap layout changes the planner moves the layout, with
     # expensive ones it settles for the best candidate of the current layout and MBS.
     p = planner(threshold=0.0)
@@ -96,8 +113,14 @@ def test_pipeline_heavy_at_small_gbs_and_data_parallel_heavy_at_large():
     # A scripted throughput table with the paper's shape: pipelines fill well at small batches
     # (few samples per replica), data parallelism wins once there are enough samples.
     def scripted(cfgs):
-        return np.array([(c.gbs / 16) ** 0.2 * (150 if c.pp > 1 else 100) if c.gbs <= 64 else
-                         (c.gbs / 16) ** 0.2 * (160 if c.dp == 8 else 120) for c in cfgs])
+        return np.array(
+            [
+                (c.gbs / 16) ** 0.2 * (150 if c.pp > 1 else 100)
+                if c.gbs <= 64
+                else (c.gbs / 16) ** 0.2 * (160 if c.dp == 8 else 120)
+                for c in cfgs
+            ]
+        )
 
     p = Planner(CANDS, scripted, 16)
     small = p.best(1.0, allowed=lambda c: c.gbs == 32).config
@@ -120,7 +143,19 @@ def test_policies_share_the_planner_and_differ_in_the_decision():
     cbs = decide("cbs", p, start, 100.0, 2.0, 60, SwitchCosts(10.0, 10.0))
     assert cbs.switch and same_shape(cbs.target, start) and cbs.target.gbs == nearest_gbs(p, start, 200).gbs
     assert decide("cbs", p, start, float("nan"), 2.0, 60, SwitchCosts(10.0, 10.0)) is None
-    assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic"}
+    assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs"}
+
+
+def test_copus_gbs_chooses_the_gbs_by_goodput_and_keeps_the_layout():
+    p = planner()
+    start = initial_config("copus-gbs", p, Config(8, 1, 1, 2, 16))
+    assert start == initial_config("copus", p, Config(8, 1, 1, 2, 16))  # the ablation starts where copus does
+    costs = SwitchCosts(0.0, 0.0)  # free moves: only the policies' constraints differ
+    full, ablation = (decide(name, p, start, 400.0, 2.0, 60, costs) for name in ("copus", "copus-gbs"))
+    assert ablation.switch and same_shape(ablation.target, start) and ablation.target.gbs > start.gbs
+    best_same_shape = p.best(400.0, allowed=lambda c: same_shape(c, start))
+    assert ablation.target == best_same_shape.config
+    assert full.best.goodput >= ablation.best.goodput  # copus may also move the layout and MBS
 
 
 def test_a_32_gpu_search_space_is_planned_over_every_candidate():

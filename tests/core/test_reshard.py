@@ -34,8 +34,11 @@ def holdings(dp: int, tp: int, pp: int) -> list[dict[str, Box]]:
         tp_rank = rest % tp
         boxes = {}
         for key, (shape, dim, where) in TENSORS.items():
-            on_stage = (where == "first" and stage == 0) or (where == "last" and stage == pp - 1) or \
-                (isinstance(where, int) and where in ranges[stage])
+            on_stage = (
+                (where == "first" and stage == 0)
+                or (where == "last" and stage == pp - 1)
+                or (isinstance(where, int) and where in ranges[stage])
+            )
             if not on_stage:
                 continue
             offset, size = [0] * len(shape), list(shape)
@@ -49,8 +52,10 @@ def holdings(dp: int, tp: int, pp: int) -> list[dict[str, Box]]:
 
 def execute(rounds, old, new, values) -> list[dict[str, np.ndarray]]:
     """Run the plan: old ranks hold slices of `values`, new ranks start empty (NaN)."""
-    held = [{k: values[k][tuple(slice(o, o + n) for o, n in zip(b.offset, b.shape))].copy() for k, b in boxes.items()}
-            for boxes in old]
+    held = [
+        {k: values[k][tuple(slice(o, o + n) for o, n in zip(b.offset, b.shape))].copy() for k, b in boxes.items()}
+        for boxes in old
+    ]
     got = [{k: np.full(b.shape, np.nan) for k, b in boxes.items()} for boxes in new]
     for transfers in rounds:
         for t in transfers:

@@ -27,7 +27,7 @@ def test_profile_points_cover_every_shape_first_then_refine():
     cands = candidates(valid_layouts(2, SHAPE), [2, 4, 8], gbs_grid(8, 128), SHAPE)
     points = profile_points(cands, per_shape=3)
     shapes = {(c.dp, c.tp, c.pp, c.mbs) for c in cands}
-    first_round = points[:len(shapes)]
+    first_round = points[: len(shapes)]
     assert {(c.dp, c.tp, c.pp, c.mbs) for c in first_round} == shapes
     # Each shape's first point is its smallest GBS, its second its largest.
     for key in shapes:
@@ -35,6 +35,16 @@ def test_profile_points_cover_every_shape_first_then_refine():
         options = sorted(c.gbs for c in cands if (c.dp, c.tp, c.pp, c.mbs) == key)
         assert mine[0] == options[0] and mine[1] == options[-1] and len(mine) == min(3, len(options))
     assert len(set(points)) == len(points)
+
+
+def test_profile_points_skip_steps_of_too_many_microbatches():
+    cands = candidates(valid_layouts(2, SHAPE), [2, 4, 8], gbs_grid(8, 256), SHAPE)
+    points = profile_points(cands, per_shape=3, max_microbatches=8)
+    assert points and all(c.microbatches <= 8 for c in points)
+    assert {(c.dp, c.tp, c.pp, c.mbs) for c in points} == {(c.dp, c.tp, c.pp, c.mbs) for c in cands}
+    # One micro-batch at most: each shape keeps one point, its smallest GBS (pipelines need m >= pp,
+    # so theirs is over the cap and kept all the same).
+    assert profile_points(cands, 3, max_microbatches=1) == profile_points(cands, 1)
 
 
 def test_spread_keeps_the_ends():

@@ -14,8 +14,17 @@ import pytest
 from copus.config import ConfigError
 from copus.core import planner as planner_module
 from copus.core.hardware import NODES
-from copus.core.simulator import (CalibratedCriticalBatch, Cluster, CriticalBatch, NoiseEstimate, Setting,
-                                  best_layout_by_gbs, search_space, simulate, step_time)
+from copus.core.simulator import (
+    CalibratedCriticalBatch,
+    Cluster,
+    CriticalBatch,
+    NoiseEstimate,
+    Setting,
+    best_layout_by_gbs,
+    search_space,
+    simulate,
+    step_time,
+)
 from copus.core.throughput import Config
 from copus.sim_config import load_sim_config, setting_from
 from workloads.flavours import FLAVOURS
@@ -26,8 +35,17 @@ SIM_DIR = Path(__file__).resolve().parents[2] / "experiments" / "sim"
 
 def setting(**changes) -> Setting:
     cluster = Cluster(NODES["h100-sxm-8"], 2)
-    base = Setting(cluster, SHAPE_13B, 4096, Config(2, 2, 4, 1, 256), gbs_min=64, gbs_max=2048, mbs=(1, 2),
-                   target_loss=3.0, interval_s=600)
+    base = Setting(
+        cluster,
+        SHAPE_13B,
+        4096,
+        Config(2, 2, 4, 1, 256),
+        gbs_min=64,
+        gbs_max=2048,
+        mbs=(1, 2),
+        target_loss=3.0,
+        interval_s=600,
+    )
     return replace(base, **changes)
 
 
@@ -53,8 +71,12 @@ def test_a_flat_noise_scale_leaves_the_cbs_gbs_alone():
 def test_faster_hardware_shortens_the_time_to_target():
     s = setting()
     node = NODES["h100-sxm-8"]
-    faster = replace(node, accelerator=replace(node.accelerator, peak_bf16_flops=2 * node.accelerator.peak_bf16_flops),
-                     intra_node_bandwidth=2 * node.intra_node_bandwidth, inter_node_bandwidth=2 * node.inter_node_bandwidth)
+    faster = replace(
+        node,
+        accelerator=replace(node.accelerator, peak_bf16_flops=2 * node.accelerator.peak_bf16_flops),
+        intra_node_bandwidth=2 * node.intra_node_bandwidth,
+        inter_node_bandwidth=2 * node.inter_node_bandwidth,
+    )
     quick = replace(s, cluster=Cluster(faster, 2))
     for policy in ("static", "copus"):
         assert simulate(quick, policy).time_to_target_s < simulate(s, policy).time_to_target_s
@@ -95,12 +117,16 @@ def test_paper_settings_load_and_bad_ones_are_named(tmp_path):
     cfg = load_sim_config(SIM_DIR / "paper_llama-2-13b_2x8-h100.yaml")
     assert setting_from(cfg).cluster.world == 16
     bad = tmp_path / "bad.yaml"
-    for text, message in (("model: llama-9\ntraining: {target_loss: 2}\n", "model: unknown flavour 'llama-9'"),
-                          ("model: llama-2-7b\ntraining: {target_loss: 2}\nsearch: {gbs_min: 512, gbs_max: 64}\n",
-                           "search.gbs_min: 512 is larger than search.gbs_max 64"),
-                          ("model: llama-2-7b\ntraining: {target_loss: 2}\nparallel: {dp: 3}\n", "cluster.nodes: 8"),
-                          ("model: llama-2-7b\n", "training: Field required"),
-                          ("model: llama-2-7b\ntraining: {target_loss: 2}\nclustr: {}\n", "clustr: unknown key")):
+    for text, message in (
+        ("model: llama-9\ntraining: {target_loss: 2}\n", "model: unknown flavour 'llama-9'"),
+        (
+            "model: llama-2-7b\ntraining: {target_loss: 2}\nsearch: {gbs_min: 512, gbs_max: 64}\n",
+            "search.gbs_min: 512 is larger than search.gbs_max 64",
+        ),
+        ("model: llama-2-7b\ntraining: {target_loss: 2}\nparallel: {dp: 3}\n", "cluster.nodes: 8"),
+        ("model: llama-2-7b\n", "training: Field required"),
+        ("model: llama-2-7b\ntraining: {target_loss: 2}\nclustr: {}\n", "clustr: unknown key"),
+    ):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             load_sim_config(bad)
@@ -109,12 +135,25 @@ def test_paper_settings_load_and_bad_ones_are_named(tmp_path):
 def test_copus_simulate_prints_one_json_object(capsys):
     from copus.cli import main
 
-    assert main(["simulate", str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"), "--json",
-                 "--set", "training.target_loss=3.0"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"),
+                "--json",
+                "--set",
+                "training.target_loss=3.0",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"copus", "static", "cbs-pessimistic", "cbs-optimistic"}
     assert all({"time_to_target_s", "reconfigurations"} <= set(p) for p in out["policies"].values())
-    assert out["copus_speedup_vs_fastest_baseline"] is not None and out["paper"]["copus_speedup_vs_fastest_baseline"] == 0.05
+    assert (
+        out["copus_speedup_vs_fastest_baseline"] is not None
+        and out["paper"]["copus_speedup_vs_fastest_baseline"] == 0.05
+    )
     assert out["mapping_error"] == 1.0 and out["estimate"]["noise"] == 0.0
     assert out["truth"]["critical_batch"].startswith("published fit") and out["truth"]["calibration"] is None
     layouts = {(r["config"]["dp"], r["config"]["tp"], r["config"]["pp"]) for r in out["best_layout_by_gbs"]}
@@ -137,7 +176,9 @@ def test_the_truth_ignores_what_the_planner_believes():
 def test_a_noisy_estimate_is_deterministic_for_its_seed():
     s = replace(setting(), estimate=NoiseEstimate(noise=0.5, seed=3))
     space = search_space(s)
-    runs = [simulate(s, "cbs", space) for _ in range(2)] + [simulate(replace(s, estimate=NoiseEstimate(noise=0.5, seed=4)), "cbs", space)]
+    runs = [simulate(s, "cbs", space) for _ in range(2)] + [
+        simulate(replace(s, estimate=NoiseEstimate(noise=0.5, seed=4)), "cbs", space)
+    ]
     ratios = [[p["b_noise"] * 2.0 / p["b_crit"] for p in r.timeline[1:]] for r in runs]
     assert ratios[0] == ratios[1] and ratios[0] != ratios[2]
     assert min(ratios[0]) < 0.8 and max(ratios[0]) > 1.25  # sigma 0.5: the estimate scatters both ways
@@ -153,8 +194,10 @@ def test_a_wrong_mapping_costs_time_to_target():
     overrides = ["training.target_loss=3.0", "search.gbs_min=16", "policy.efficiency=lr-aware"]
     s = setting_from(load_sim_config(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml", overrides))
     space = search_space(s)
-    ttt = {m: simulate(replace(s, estimate=NoiseEstimate(mapping_error=m)), "copus", space).time_to_target_s
-           for m in (0.25, 1.0, 10.0)}
+    ttt = {
+        m: simulate(replace(s, estimate=NoiseEstimate(mapping_error=m)), "copus", space).time_to_target_s
+        for m in (0.25, 1.0, 10.0)
+    }
     assert all(v is not None for v in ttt.values()), ttt
     # Too small: stays at small batches the late critical batch outgrows; too large: grows early.
     assert ttt[0.25] > 1.01 * ttt[1.0] and ttt[10.0] > 1.03 * ttt[1.0], ttt
@@ -167,19 +210,24 @@ def _calibration(path: Path, points: list[dict]) -> Path:
 
 def test_the_truth_comes_from_a_calibration_file(tmp_path):
     # Two branch points: B_crit 20 sequences at loss 4 (mid-decrement 3.9), 100 at loss 3; held beyond.
-    cal = CalibratedCriticalBatch.from_branch_points([{"val_loss": 3.0, "b_crit": 100.0},
-                                                      {"val_loss": 4.0, "b_crit": 20.0, "decrement": 0.2}], 4096)
+    cal = CalibratedCriticalBatch.from_branch_points(
+        [{"val_loss": 3.0, "b_crit": 100.0}, {"val_loss": 4.0, "b_crit": 20.0, "decrement": 0.2}], 4096
+    )
     assert cal.tokens(3.45) == pytest.approx(60.0 * 4096)
     assert cal.tokens(2.0) == 100.0 * 4096 and cal.tokens(9.0) == 20.0 * 4096
     sim = tmp_path / "sim.yaml"
-    sim.write_text("model: llama-2-13b\ncluster: {nodes: 2}\nbatch: {gbs: 1024}\nsearch: {gbs_min: 64, gbs_max: 1024}\n"
-                   "policies: [static]\ntraining: {target_loss: 3.0, max_hours: 20000, calibration: tiny.json}\n")
+    sim.write_text(
+        "model: llama-2-13b\ncluster: {nodes: 2}\nbatch: {gbs: 1024}\nsearch: {gbs_min: 64, gbs_max: 1024}\n"
+        "policies: [static]\ntraining: {target_loss: 3.0, max_hours: 20000, calibration: tiny.json}\n"
+    )
     tiny = [{"val_loss": 3.0, "b_crit": 4.0, "b_crit_low": 3.0}, {"val_loss": 5.0, "b_crit": 4.0}]
     _calibration(tmp_path / "tiny.json", tiny + [{"val_loss": 4.0, "b_crit": None}])  # a null b_crit is skipped
     _calibration(tmp_path / "huge.json", [{"val_loss": 3.0, "b_crit": 1e6}])
     slow_cfg = load_sim_config(sim)
     assert slow_cfg.training.calibration == str(tmp_path / "tiny.json")  # relative to the simulation file
-    slow, fast = (setting_from(load_sim_config(sim, [f"training.calibration={name}"])) for name in ("tiny.json", "huge.json"))
+    slow, fast = (
+        setting_from(load_sim_config(sim, [f"training.calibration={name}"])) for name in ("tiny.json", "huge.json")
+    )
     assert slow.critical.tokens(3.5) == 4.0 * 4096 and "tiny.json" in slow.critical.source
     # With a critical batch of 4 sequences a step of 1024 is worth about 4 samples: ~250x slower.
     t_slow, t_fast = (simulate(x, "static").time_to_target_s for x in (slow, fast))
@@ -192,15 +240,26 @@ def test_bad_estimate_and_calibration_fields_are_named(tmp_path):
     _calibration(tmp_path / "neg.json", [{"val_loss": 3.0, "b_crit": -1}])
     _calibration(tmp_path / "none.json", [{"val_loss": 3.0, "b_crit": None}])
     (tmp_path / "list.json").write_text("[1, 2]")
-    for override, message in (("estimate.mapping_error=0", "estimate.mapping_error: Input should be greater than 0"),
-                              ("estimate.noise=-0.1", "estimate.noise: Input should be greater than or equal to 0"),
-                              ("estimate.distribution=cauchy", "estimate.distribution: Input should be 'lognormal' or 'gaussian'"),
-                              ("estimate.seed=x", "estimate.seed: Input should be a valid integer"),
-                              ("estimate.noize=1", "estimate.noize: unknown key"),
-                              ("training.calibration=missing.json", "training.calibration: file not found: .*missing.json$"),
-                              ("training.calibration=neg.json", r"training.calibration: .*neg.json: branch_points\[0\].b_crit: expected a positive"),
-                              ("training.calibration=none.json", "training.calibration: .*none.json: branch_points: no branch point has a finite b_crit"),
-                              ("training.calibration=list.json", "training.calibration: .*list.json: branch_points: expected a non-empty list")):
+    for override, message in (
+        ("estimate.mapping_error=0", "estimate.mapping_error: Input should be greater than 0"),
+        ("estimate.noise=-0.1", "estimate.noise: Input should be greater than or equal to 0"),
+        ("estimate.distribution=cauchy", "estimate.distribution: Input should be 'lognormal' or 'gaussian'"),
+        ("estimate.seed=x", "estimate.seed: Input should be a valid integer"),
+        ("estimate.noize=1", "estimate.noize: unknown key"),
+        ("training.calibration=missing.json", "training.calibration: file not found: .*missing.json$"),
+        (
+            "training.calibration=neg.json",
+            r"training.calibration: .*neg.json: branch_points\[0\].b_crit: expected a positive",
+        ),
+        (
+            "training.calibration=none.json",
+            "training.calibration: .*none.json: branch_points: no branch point has a finite b_crit",
+        ),
+        (
+            "training.calibration=list.json",
+            "training.calibration: .*list.json: branch_points: expected a non-empty list",
+        ),
+    ):
         with pytest.raises(ConfigError, match=f"^{sim}: {message}") as err:
             load_sim_config(sim, [override])
         assert "\n" not in str(err.value)

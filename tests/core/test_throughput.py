@@ -10,13 +10,20 @@ from hypothesis import strategies as st
 
 from copus.core.layout import bubble_fraction
 from copus.core.search import candidates, gbs_grid, valid_layouts
-from copus.core.throughput import (Config, Measurement, StepTimeModel, StepTimeParams, cross_validate,
-                                   fit_step_time_model)
+from copus.core.throughput import (
+    Config,
+    Measurement,
+    StepTimeModel,
+    StepTimeParams,
+    cross_validate,
+    fit_step_time_model,
+)
 from workloads.flavours import FLAVOURS
 
 SHAPE = FLAVOURS["small"].shape()  # 4 layers, 8 heads: tp and pp up to 4
-TRUE = StepTimeParams(a0=0.004, a1=0.012, c0=0.002, c1=0.0008, p0=0.003, p1=0.0005, d0=0.01, d1=4e-10,
-                      o0=0.02, o1=2e-9, z=0.8)
+TRUE = StepTimeParams(
+    a0=0.004, a1=0.012, c0=0.002, c1=0.0008, p0=0.003, p1=0.0005, d0=0.01, d1=4e-10, o0=0.02, o1=2e-9, z=0.8
+)
 TRUE_MODEL = StepTimeModel(TRUE, SHAPE)
 
 

@@ -14,9 +14,22 @@ from workloads.corpus import prepare_dataset
 
 def small_plan(cache_dir: Path, **changes) -> WorkerPlan:
     files = prepare_dataset("stdlib", None, None, "text", "uint16", 0.01, 256, str(cache_dir))
-    plan = WorkerPlan(model="debug", seq_len=32, seed=7, train_tokens=str(files.train), val_tokens=str(files.val),
-                      token_dtype=files.dtype, gbs=8, mbs=2, dp=1, lr=LRSchedule(3e-3, 8, warmup_samples=16),
-                      stop=StopRule(max_steps=6), eval_every_steps=3, val_samples=8, checkpoint_every_steps=3)
+    plan = WorkerPlan(
+        model="debug",
+        seq_len=32,
+        seed=7,
+        train_tokens=str(files.train),
+        val_tokens=str(files.val),
+        token_dtype=files.dtype,
+        gbs=8,
+        mbs=2,
+        dp=1,
+        lr=LRSchedule(3e-3, 8, warmup_samples=16),
+        stop=StopRule(max_steps=6),
+        eval_every_steps=3,
+        val_samples=8,
+        checkpoint_every_steps=3,
+    )
     return replace(plan, **changes)
 
 
@@ -34,8 +47,14 @@ def _train(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None, shapes: d
     return run_local(plan, ckpt_root, resume_step, shapes_hook(shapes))
 
 
-def run_distributed(world: int, plan: WorkerPlan, tmp: Path, ckpt_root: Path, resume_step: int | None = None,
-                    shapes: dict[int, tuple[int, int]] | None = None) -> tuple[list[dict], dict, dict]:
+def run_distributed(
+    world: int,
+    plan: WorkerPlan,
+    tmp: Path,
+    ckpt_root: Path,
+    resume_step: int | None = None,
+    shapes: dict[int, tuple[int, int]] | None = None,
+) -> tuple[list[dict], dict, dict]:
     """Train on `world` gloo processes (or this process alone when world is 1). Returns rank
     0's records and final state, and the full parameters gathered from every stage."""
     ranks = spawn(world, _train, plan, ckpt_root, resume_step, shapes)

@@ -27,14 +27,19 @@ def test_complete_checkpoints_verify(two_checkpoints):
     assert (step4 / COMPLETE).is_file() and (step4 / "manifest_rank0.json").is_file()
 
 
-@pytest.mark.parametrize("damage,reason", [
-    ("truncate", "__0_0.distcp has"),
-    ("flip", "__0_0.distcp does not match its SHA-256"),
-    ("delete", "__0_0.distcp missing"),
-    ("unmark", "not marked COMPLETE"),
-    ("manifest", "manifest_rank0.json missing"),
-])
-def test_a_damaged_checkpoint_is_refused_and_the_previous_one_resumes_exactly(two_checkpoints, tmp_path, damage, reason):
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        ("truncate", "__0_0.distcp has"),
+        ("flip", "__0_0.distcp does not match its SHA-256"),
+        ("delete", "__0_0.distcp missing"),
+        ("unmark", "not marked COMPLETE"),
+        ("manifest", "manifest_rank0.json missing"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_and_the_previous_one_resumes_exactly(
+    two_checkpoints, tmp_path, damage, reason
+):
     plan, reference, step2, step4 = two_checkpoints
     data = step4 / "__0_0.distcp"
     if damage == "truncate":

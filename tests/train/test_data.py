@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from copus.train.data import SampleOrder, TokenWindows, TrainStream, replica_batch, validation_indices
 from workloads.corpus import DatasetError, prepare_dataset, stdlib_source_files
@@ -56,8 +57,10 @@ def test_sample_order_is_a_permutation_per_epoch_and_reproducible():
 
 
 @settings(max_examples=60, deadline=None)
-@given(gbs_sequence=st.lists(st.sampled_from([4, 8, 12, 16, 32]), min_size=1, max_size=25),
-       cut=st.integers(min_value=0, max_value=25))
+@given(
+    gbs_sequence=st.lists(st.sampled_from([4, 8, 12, 16, 32]), min_size=1, max_size=25),
+    cut=st.integers(min_value=0, max_value=25),
+)
 def test_gbs_changes_and_resume_neither_skip_nor_repeat(tmp_path_factory, gbs_sequence, cut):
     w = _windows(tmp_path_factory.mktemp("w"), n_tokens=371, seq_len=10)  # 37 samples: batches cross epochs
     reference = SampleOrder(w.num_samples, seed=1).indices(0, sum(gbs_sequence))
@@ -110,7 +113,10 @@ def test_user_text_jsonl_and_bin_files(tmp_path):
     val = tmp_path / "v.jsonl"
     val.write_text(json.dumps({"body": "held out"}) + "\n")
     files = prepare_dataset("jsonl", str(jsonl), str(val), "body", "uint16", 0.1, 256, str(tmp_path / "c"))
-    assert bytes(np.fromfile(files.train, dtype=files.dtype).astype(np.uint8)).split(b"\x00")[:2] == [b"doc 0", b"doc 1"]
+    assert bytes(np.fromfile(files.train, dtype=files.dtype).astype(np.uint8)).split(b"\x00")[:2] == [
+        b"doc 0",
+        b"doc 1",
+    ]
     assert bytes(np.fromfile(files.val, dtype=files.dtype).astype(np.uint8)) == b"held out"
 
     binf = tmp_path / "a.bin"

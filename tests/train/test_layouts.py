@@ -48,23 +48,37 @@ def test_layout_matches_single_process(reference, tmp_path, layout, schedule):
     dp, tp, pp = layout
     plan, ref_records, ref_params = reference
     # m = 16 / (dp x 2) micro-batches per replica: 4 or 8, always more than pp.
-    records, final, params = run_distributed(dp * tp * pp, replace(plan, dp=dp, tp=tp, pp=pp, pp_schedule=schedule),
-                                             tmp_path, tmp_path / "ckpt")
+    records, final, params = run_distributed(
+        dp * tp * pp, replace(plan, dp=dp, tp=tp, pp=pp, pp_schedule=schedule), tmp_path, tmp_path / "ckpt"
+    )
     _assert_matches(ref_records, ref_params, records, params)
     assert final["samples"] == 48
 
 
-RESHARD = [((2, 2, 2), 2, (1, 1, 1), 4), ((1, 1, 1), 2, (2, 2, 2), 1), ((1, 2, 1), 4, (1, 1, 2), 2),
-           ((2, 1, 2), 2, (1, 2, 2), 8), ((4, 1, 1), 1, (2, 2, 1), 4)]
+RESHARD = [
+    ((2, 2, 2), 2, (1, 1, 1), 4),
+    ((1, 1, 1), 2, (2, 2, 2), 1),
+    ((1, 2, 1), 4, (1, 1, 2), 2),
+    ((2, 1, 2), 2, (1, 2, 2), 8),
+    ((4, 1, 1), 1, (2, 2, 1), 4),
+]
 
 
-@pytest.mark.parametrize("before,mbs_before,after,mbs_after", RESHARD,
-                         ids=[f"{b}mbs{mb}->{a}mbs{ma}" for b, mb, a, ma in RESHARD])
+@pytest.mark.parametrize(
+    "before,mbs_before,after,mbs_after", RESHARD, ids=[f"{b}mbs{mb}->{a}mbs{ma}" for b, mb, a, ma in RESHARD]
+)
 def test_checkpoint_reshards_across_layouts(reference, tmp_path, before, mbs_before, after, mbs_after):
     plan, ref_records, ref_params = reference
     ckpt = tmp_path / "ckpt"
-    first = replace(plan, dp=before[0], tp=before[1], pp=before[2], mbs=mbs_before, stop=StopRule(max_steps=2),
-                    checkpoint_every_steps=2)
+    first = replace(
+        plan,
+        dp=before[0],
+        tp=before[1],
+        pp=before[2],
+        mbs=mbs_before,
+        stop=StopRule(max_steps=2),
+        checkpoint_every_steps=2,
+    )
     run_distributed(first.dp * first.tp * first.pp, first, tmp_path, ckpt)
     second = replace(plan, dp=after[0], tp=after[1], pp=after[2], mbs=mbs_after)
     records, final, params = run_distributed(second.dp * second.tp * second.pp, second, tmp_path, ckpt, resume_step=2)

@@ -67,10 +67,16 @@ def test_two_data_parallel_workers_match_one_process(token_cache, tmp_path, mbs)
 
 def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_gns_alone(token_cache, tmp_path):
     plan = small_plan(token_cache, stop=StopRule(max_steps=3), checkpoint_every_steps=100)
-    skipped_records, skipped, skipped_params = run_local(plan, tmp_path / "a", faults=Faults(poison_steps=frozenset({3})))
+    skipped_records, skipped, skipped_params = run_local(
+        plan, tmp_path / "a", faults=Faults(poison_steps=frozenset({3}))
+    )
     _, two, two_params = run_local(replace(plan, stop=StopRule(max_steps=2)), tmp_path / "b")
     assert [r["step"] for r in skipped_records if r["kind"] == "nonfinite"] == [3]
-    assert skipped["nonfinite_steps"] == 1 and skipped["skipped_samples"] == plan.gbs and skipped["samples"] == 3 * plan.gbs
+    assert (
+        skipped["nonfinite_steps"] == 1
+        and skipped["skipped_samples"] == plan.gbs
+        and skipped["samples"] == 3 * plan.gbs
+    )
     for name, value in two_params.items():  # step 3 changed nothing
         torch.testing.assert_close(skipped_params[name], value, rtol=0, atol=0, msg=name)
     assert skipped["gns"] == two["gns"]
@@ -78,7 +84,9 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_gns_alone(t
 
 def test_repeated_non_finite_steps_stop_with_a_usable_checkpoint(token_cache, tmp_path):
     plan = small_plan(token_cache, stop=StopRule(max_steps=8, max_nonfinite_steps=2), checkpoint_every_steps=100)
-    with pytest.raises(NonFiniteLossError, match=r"stop.max_nonfinite_steps: 3 consecutive steps .* checkpoint at step 5"):
+    with pytest.raises(
+        NonFiniteLossError, match=r"stop.max_nonfinite_steps: 3 consecutive steps .* checkpoint at step 5"
+    ):
         run_local(plan, tmp_path / "ck", faults=Faults(poison_steps=frozenset({3, 4, 5})))
     records, final, _ = run_local(plan, tmp_path / "ck", resume_step=5)
     assert final["step"] == 8 and all(math.isfinite(r["train_loss"]) for r in records if r["kind"] == "step")
@@ -93,7 +101,7 @@ def test_a_restarted_group_resumes_in_the_configuration_its_checkpoint_was_writt
     assert (moved.dp, moved.tp, moved.pp, moved.gbs, moved.mbs) == (2, 1, 1, 16, 4)
     handover = {**reached, "reconfigure": {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 8}}
     assert resume_plan(plan, handover, world=2) == plan  # the driver relaunched into the plan's layout
-    assert resume_plan(plan, reached, world=4) == plan   # another world size: the driver chose the layout
+    assert resume_plan(plan, reached, world=4) == plan  # another world size: the driver chose the layout
     assert resume_plan(plan, {"step": 3}, world=2) == plan  # an older checkpoint without a layout
 
 

@@ -8,8 +8,16 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from copus.core.memory import (ADAM_STATE_BYTES, FP32, GIB, activation_bytes_per_token, bytes_per_rank, fits,
-                               microbatches_in_flight, stage_params_per_rank)
+from copus.core.memory import (
+    ADAM_STATE_BYTES,
+    FP32,
+    GIB,
+    activation_bytes_per_token,
+    bytes_per_rank,
+    fits,
+    microbatches_in_flight,
+    stage_params_per_rank,
+)
 from copus.parallel.dims import ParallelDims
 from copus.parallel.pipeline import keep_stage
 from copus.train.engine import ParallelModel, token_loss
@@ -55,8 +63,9 @@ def stage_module(name: str, seq: int, pp: int, stage: int) -> torch.nn.Module:
     return materialize(model, 0)
 
 
-@pytest.mark.parametrize("name,pp", [(n, pp) for n in ("debug", "tiny", "small") for pp in (1, 2, 4)
-                                     if pp <= FLAVOURS[n].n_layers])
+@pytest.mark.parametrize(
+    "name,pp", [(n, pp) for n in ("debug", "tiny", "small") for pp in (1, 2, 4) if pp <= FLAVOURS[n].n_layers]
+)
 def test_parameters_per_stage_are_exact(name, pp):
     shape = FLAVOURS[name].shape()
     for stage in range(pp):
@@ -122,4 +131,6 @@ def test_layouts_divide_memory_and_the_limit_gives_a_reason():
     ok, reason = fits(whole, 80 * GIB, 0.1)
     assert not ok and "memory model" in reason and "GiB" in reason  # 7B with AdamW on one 80 GB GPU: no
     assert fits(split, 80 * GIB, 0.1)[0]
-    assert bytes_per_rank(shape, 8, 1, 1, 1, 8, 2048, shard_optimizer=True).optimizer == pytest.approx(whole.optimizer / 8)
+    assert bytes_per_rank(shape, 8, 1, 1, 1, 8, 2048, shard_optimizer=True).optimizer == pytest.approx(
+        whole.optimizer / 8
+    )

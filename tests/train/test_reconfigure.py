@@ -25,8 +25,13 @@ from tests.train.loop_helpers import losses, small_plan, spawn
 pytestmark = pytest.mark.slow
 
 # From (2,2,2) MBS 2 through every layout of the issue on 8 ranks and back, at GBS 16.
-CHAIN = {1: Config(4, 2, 1, 2, 16), 2: Config(2, 1, 4, 2, 16), 3: Config(8, 1, 1, 1, 16), 4: Config(1, 1, 8, 2, 16),
-         5: Config(2, 2, 2, 4, 16)}
+CHAIN = {
+    1: Config(4, 2, 1, 2, 16),
+    2: Config(2, 1, 4, 2, 16),
+    3: Config(8, 1, 1, 1, 16),
+    4: Config(1, 1, 8, 2, 16),
+    5: Config(2, 2, 2, 4, 16),
+}
 
 
 class Scripted:
@@ -54,8 +59,18 @@ def _in_place_then_restarts(plan, root: Path) -> dict:
 
 
 def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_cache, tmp_path):
-    plan = small_plan(token_cache, model="debug-deep", gbs=16, mbs=2, dp=2, tp=2, pp=2, stop=StopRule(max_steps=7),
-                      checkpoint_every_steps=1, eval_every_steps=100)
+    plan = small_plan(
+        token_cache,
+        model="debug-deep",
+        gbs=16,
+        mbs=2,
+        dp=2,
+        tp=2,
+        pp=2,
+        stop=StopRule(max_steps=7),
+        checkpoint_every_steps=1,
+        eval_every_steps=100,
+    )
     out = spawn(8, _in_place_then_restarts, plan, tmp_path)[0]
     in_place = losses(out["records"])
     changes = [r for r in out["records"] if r["kind"] == "reconfigure"]
@@ -77,7 +92,9 @@ def _fail_then_resume(plan, root: Path) -> dict:
     to_pipeline = Scripted({2: Config(1, 1, 2, 2, 8)})
     _, final, _ = run_local(plan, root / "auto", decide=to_pipeline, faults=Faults(fail_reshard=True))
     try:
-        run_local(replace(plan, reconfigure="in_place"), root / "strict", decide=to_pipeline, faults=Faults(fail_reshard=True))
+        run_local(
+            replace(plan, reconfigure="in_place"), root / "strict", decide=to_pipeline, faults=Faults(fail_reshard=True)
+        )
         strict = "no error"
     except ReshardFailed as err:
         strict = str(err)
@@ -115,8 +132,13 @@ def _memory_over_changes(plan, changes: int) -> list[dict]:
         if i == changes:
             break
         dp, tp, pp = CYCLE[(i + 1) % len(CYCLE)]
-        model, optimizer, stats = reshard_in_place(model, optimizer, current, Config(dp, tp, pp, plan.mbs, plan.gbs),
-                                                   lambda m: make_optimizer(m, plan.optimizer, 1e-3))
+        model, optimizer, stats = reshard_in_place(
+            model,
+            optimizer,
+            current,
+            Config(dp, tp, pp, plan.mbs, plan.gbs),
+            lambda m: make_optimizer(m, plan.optimizer, 1e-3),
+        )
         current = replace(current, dp=dp, tp=tp, pp=pp)
         release_memory(model.device)  # as the training loop does after a change
         seen.append(stats)

@@ -50,12 +50,22 @@ def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
     its LR rule, the noise estimator. Not the hardware, the layout or the seed: one calibration
     serves every cluster and every repeat of the workload."""
     o, s, g = cfg.optimizer, cfg.schedule, cfg.gns
-    return {"schema_version": SCHEMA_VERSION, "kind": "calibration",
-            "workload": {"model": cfg.workload.model, "seq_len": cfg.workload.seq_len, "data": data_fingerprint},
-            "optimizer": {"lr": o.lr, "reference_gbs": o.reference_gbs, "lr_scaling": o.lr_scaling,
-                          "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip},
-            "schedule": s.model_dump(mode="json"),
-            "gns": {"smoothing": g.smoothing, "precondition": g.precondition}}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "calibration",
+        "workload": {"model": cfg.workload.model, "seq_len": cfg.workload.seq_len, "data": data_fingerprint},
+        "optimizer": {
+            "lr": o.lr,
+            "reference_gbs": o.reference_gbs,
+            "lr_scaling": o.lr_scaling,
+            "betas": list(o.betas),
+            "eps": o.eps,
+            "weight_decay": o.weight_decay,
+            "grad_clip": o.grad_clip,
+        },
+        "schedule": s.model_dump(mode="json"),
+        "gns": {"smoothing": g.smoothing, "precondition": g.precondition},
+    }
 
 
 def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Path:
@@ -78,22 +88,30 @@ def check_settings(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"calibration.gbs: need at least 4 batch sizes spanning at least 16x, got {grid}")
     bad = [s for s in cfg.calibration_branches() if s <= 0 or s % b0]
     if bad or len(cfg.calibration_branches()) < 2:
-        raise ConfigError(f"calibration.branch_samples: need at least 2 positive multiples of optimizer.reference_gbs "
-                          f"({b0}), got {cfg.calibration_branches()}")
+        raise ConfigError(
+            f"calibration.branch_samples: need at least 2 positive multiples of optimizer.reference_gbs "
+            f"({b0}), got {cfg.calibration_branches()}"
+        )
     if cfg.optimizer.reference_gbs < 2:
-        raise ConfigError("optimizer.reference_gbs: the calibration measures the noise scale at B0, which needs B0 >= 2")
+        raise ConfigError(
+            "optimizer.reference_gbs: the calibration measures the noise scale at B0, which needs B0 >= 2"
+        )
 
 
 # --- what runs on the Ray workers ---------------------------------------------------------
 
+
 def _use_cores(cpus: float) -> None:
     import torch
+
     torch.set_num_threads(max(1, int(cpus)))
 
 
-def _reference_task(plan: WorkerPlan, branches: list[int], out_dir: str, val_samples: int, gns_steps: int,
-                    cpus: float) -> list[dict]:
+def _reference_task(
+    plan: WorkerPlan, branches: list[int], out_dir: str, val_samples: int, gns_steps: int, cpus: float
+) -> list[dict]:
     from copus.train.calibrate import branch_noise_scales, reference_run
+
     _use_cores(cpus)
     points = reference_run(plan, branches, Path(out_dir), val_samples)
     for p in points:
@@ -104,15 +122,25 @@ def _reference_task(plan: WorkerPlan, branches: list[int], out_dir: str, val_sam
 def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
     """One Ray Tune trial: one continuation (branch point, GBS, seed)."""
     from copus.train.calibrate import continue_branch
+
     _use_cores(settings["cpus"])
     point = config["point"]
-    result = continue_branch(plan, Path(point["checkpoint"]), point["start"], point["gbs"], point["seed"],
-                             settings["decrement"], settings["max_samples"], settings["eval_every_samples"],
-                             settings["val_samples"])
+    result = continue_branch(
+        plan,
+        Path(point["checkpoint"]),
+        point["start"],
+        point["gbs"],
+        point["seed"],
+        settings["decrement"],
+        settings["max_samples"],
+        settings["eval_every_samples"],
+        settings["val_samples"],
+    )
     tune.report({**result, "branch": point["branch"]})
 
 
 # --- the driver ---------------------------------------------------------------------------
+
 
 class _Progress(tune.Callback):
     """A line per finished continuation; its point file and MLflow child run."""
@@ -121,8 +149,23 @@ class _Progress(tune.Callback):
         self.on_point = on_point
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.on_point({**trial.config["point"], **{k: result[k] for k in (
-            "samples", "steps", "reached", "target_val_loss", "wall_clock_s", "curve_samples", "curve_val_loss")}})
+        self.on_point(
+            {
+                **trial.config["point"],
+                **{
+                    k: result[k]
+                    for k in (
+                        "samples",
+                        "steps",
+                        "reached",
+                        "target_val_loss",
+                        "wall_clock_s",
+                        "curve_samples",
+                        "curve_val_loss",
+                    )
+                },
+            }
+        )
 
 
 def _point_name(p: dict) -> str:
@@ -139,13 +182,21 @@ class Calibration:
         self.key = calibration_key(cfg, tokens.fingerprint)
         self.path = calibration_path(cfg, tokens.fingerprint)
         c = cfg.calibration
-        self.settings = {"gbs": cfg.calibration_grid(), "branch_samples": cfg.calibration_branches(),
-                         "decrement": c.decrement, "seeds": c.seeds, "eval_every_samples": c.eval_every_samples,
-                         "val_samples": c.val_samples or cfg.eval.val_samples, "max_samples": c.max_samples,
-                         "gns_steps": c.gns_steps, "cpus": c.cpus_per_trial or float(os.cpu_count() or 1)}
+        self.settings = {
+            "gbs": cfg.calibration_grid(),
+            "branch_samples": cfg.calibration_branches(),
+            "decrement": c.decrement,
+            "seeds": c.seeds,
+            "eval_every_samples": c.eval_every_samples,
+            "val_samples": c.val_samples or cfg.eval.val_samples,
+            "max_samples": c.max_samples,
+            "gns_steps": c.gns_steps,
+            "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
+        }
         # The work folder is keyed by the settings too: other settings, other runs.
-        self.work = self.path.with_suffix("") / key_id({**self.settings, "cpus": None, "key": self.key,
-                                                     "crossing": CROSSING_METHOD})
+        self.work = self.path.with_suffix("") / key_id(
+            {**self.settings, "cpus": None, "key": self.key, "crossing": CROSSING_METHOD}
+        )
         (self.work / "points").mkdir(parents=True, exist_ok=True)
         self.tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
         self.parent: str | None = None
@@ -156,14 +207,21 @@ class Calibration:
         if path.is_file():
             return json.loads(path.read_text())
         s = self.settings
-        self.echo(f"reference run at gbs {self.cfg.optimizer.reference_gbs} to {max(s['branch_samples'])} samples, "
-                  f"branching at {s['branch_samples']}")
+        self.echo(
+            f"reference run at gbs {self.cfg.optimizer.reference_gbs} to {max(s['branch_samples'])} samples, "
+            f"branching at {s['branch_samples']}"
+        )
         task = ray.remote(_reference_task).options(num_cpus=s["cpus"])
-        points = ray.get(task.remote(self.plan, s["branch_samples"], str(self.work / "branches"), s["val_samples"],
-                                     s["gns_steps"], s["cpus"]))
+        points = ray.get(
+            task.remote(
+                self.plan, s["branch_samples"], str(self.work / "branches"), s["val_samples"], s["gns_steps"], s["cpus"]
+            )
+        )
         for i, p in enumerate(points):
-            self.echo(f"  branch {i}: {p['samples']} samples, val loss {p['val_loss']:.3f}, B_noise {p['b_noise']:.1f} "
-                      f"(Adam {p['b_noise_adam']:.1f}, run's estimate {p['b_noise_run']:.1f})")
+            self.echo(
+                f"  branch {i}: {p['samples']} samples, val loss {p['val_loss']:.3f}, B_noise {p['b_noise']:.1f} "
+                f"(Adam {p['b_noise_adam']:.1f}, run's estimate {p['b_noise_run']:.1f})"
+            )
         write_json_atomic(path, points)
         return points
 
@@ -173,19 +231,27 @@ class Calibration:
     def record_point(self, point: dict) -> None:
         write_json_atomic(self.work / "points" / f"{_point_name(point)}.json", point)
         total = len(self.settings["gbs"]) * len(self.settings["branch_samples"]) * self.settings["seeds"]
-        reached = (f"{point['samples']:.0f} samples ({point['steps']:.1f} steps)" if point["reached"]
-                   else f"not reached in {self.settings['max_samples']} samples")
-        self.echo(f"[{len(self.done())}/{total}] branch {point['branch']} (val {point['start']['val_loss']:.3f}) "
-                  f"gbs {point['gbs']} seed {point['seed']}: -{self.settings['decrement']} in {reached}, "
-                  f"{point['wall_clock_s']:.1f} s")
+        reached = (
+            f"{point['samples']:.0f} samples ({point['steps']:.1f} steps)"
+            if point["reached"]
+            else f"not reached in {self.settings['max_samples']} samples"
+        )
+        self.echo(
+            f"[{len(self.done())}/{total}] branch {point['branch']} (val {point['start']['val_loss']:.3f}) "
+            f"gbs {point['gbs']} seed {point['seed']}: -{self.settings['decrement']} in {reached}, "
+            f"{point['wall_clock_s']:.1f} s"
+        )
         self._log_child(point)
 
     def _log_child(self, point: dict) -> None:
         if self.parent is None:
             return
-        run = self.tracker.start_run(f"calibrate/{_point_name(point)}", {"branch": str(point["branch"]),
-                                     "gbs": str(point["gbs"]), "seed": str(point["seed"])},
-                                     {"kind": "calibration-point"}, self.parent)
+        run = self.tracker.start_run(
+            f"calibrate/{_point_name(point)}",
+            {"branch": str(point["branch"]), "gbs": str(point["gbs"]), "seed": str(point["seed"])},
+            {"kind": "calibration-point"},
+            self.parent,
+        )
         values = {"samples_to_decrement": point["samples"], "steps_to_decrement": point["steps"]}
         self.tracker.log_values(run, {k: v for k, v in values.items() if math.isfinite(v)}, step=0)
         for s, v in zip(point["curve_samples"], point["curve_val_loss"]):
@@ -194,20 +260,38 @@ class Calibration:
 
     def pending_points(self, branches: list[dict]) -> list[dict]:
         done = self.done()
-        points = [{"branch": i, "gbs": g, "seed": k, "checkpoint": b["checkpoint"],
-                   "start": {"samples": b["samples"], "val_loss": b["val_loss"]}}
-                  for i, b in enumerate(branches) for g in self.settings["gbs"] for k in range(self.settings["seeds"])]
+        points = [
+            {
+                "branch": i,
+                "gbs": g,
+                "seed": k,
+                "checkpoint": b["checkpoint"],
+                "start": {"samples": b["samples"], "val_loss": b["val_loss"]},
+            }
+            for i, b in enumerate(branches)
+            for g in self.settings["gbs"]
+            for k in range(self.settings["seeds"])
+        ]
         return [p for p in points if _point_name(p) not in done]
 
     def run_trials(self, pending: list[dict]) -> float:
         """The pending continuations as one Ray Tune grid; returns Tune's wall-clock."""
         t = time.time()
-        trainable = tune.with_resources(tune.with_parameters(calibration_trial, plan=self.plan, settings=self.settings),
-                                        {"cpu": self.settings["cpus"]})
-        tuner = tune.Tuner(trainable, param_space={"point": tune.grid_search(pending)},
-                           tune_config=tune.TuneConfig(reuse_actors=True),
-                           run_config=tune.RunConfig(name=f"calibrate-{int(t)}", storage_path=str(self.work / "tune"),
-                                                     verbose=0, callbacks=[_Progress(self.record_point)]))
+        trainable = tune.with_resources(
+            tune.with_parameters(calibration_trial, plan=self.plan, settings=self.settings),
+            {"cpu": self.settings["cpus"]},
+        )
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"point": tune.grid_search(pending)},
+            tune_config=tune.TuneConfig(reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=f"calibrate-{int(t)}",
+                storage_path=str(self.work / "tune"),
+                verbose=0,
+                callbacks=[_Progress(self.record_point)],
+            ),
+        )
         with contextlib.redirect_stdout(sys.stderr):  # Tune's banner: stdout is for --json alone
             grid = tuner.fit()
         missing = [p for p in pending if _point_name(p) not in self.done()]
@@ -226,12 +310,27 @@ class Calibration:
             for p in points:
                 if p["branch"] == i:
                     by_gbs.setdefault(p["gbs"], []).append(p["samples"] if p["reached"] else float("nan"))
-            fit = fit_branch(b["val_loss"], self.settings["decrement"], b["samples"], by_gbs,
-                             self.cfg.optimizer.reference_gbs, seed=i)
+            fit = fit_branch(
+                b["val_loss"],
+                self.settings["decrement"],
+                b["samples"],
+                by_gbs,
+                self.cfg.optimizer.reference_gbs,
+                seed=i,
+            )
             fits.append(with_noise_scales(fit, b["b_noise"], b["b_noise_adam"], b["b_noise_run"]))
-        result = CalibrationResult(self.key, self.cfg.optimizer.reference_gbs, self.settings["decrement"], fits,
-                                   [{k: p[k] for k in ("branch", "gbs", "seed", "samples", "steps", "reached")} | {
-                                       "val_loss": p["start"]["val_loss"]} for p in points], wall_clock_s)
+        result = CalibrationResult(
+            self.key,
+            self.cfg.optimizer.reference_gbs,
+            self.settings["decrement"],
+            fits,
+            [
+                {k: p[k] for k in ("branch", "gbs", "seed", "samples", "steps", "reached")}
+                | {"val_loss": p["start"]["val_loss"]}
+                for p in points
+            ],
+            wall_clock_s,
+        )
         data = result.as_dict(self.path.stem.removeprefix("calibration-"))
         data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
         return finite_json(data)
@@ -242,13 +341,18 @@ def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) 
     t = time.time()
     cal = Calibration(cfg, echo)
     ensure_ray(cfg)
-    cal.parent = cal.tracker.start_run(f"calibrate: {cfg.name}", flatten({"calibration": cal.settings}),
-                                       {"kind": "calibration", "copus.calibration": str(cal.path)})
+    cal.parent = cal.tracker.start_run(
+        f"calibrate: {cfg.name}",
+        flatten({"calibration": cal.settings}),
+        {"kind": "calibration", "copus.calibration": str(cal.path)},
+    )
     try:
         branches = cal.branch_points()
         pending = cal.pending_points(branches)
-        echo(f"{len(pending)} continuations to run ({len(branches)} branch points x {len(cal.settings['gbs'])} GBS "
-             f"x {cal.settings['seeds']} seeds; {sum(1 for _ in cal.done())} already done)")
+        echo(
+            f"{len(pending)} continuations to run ({len(branches)} branch points x {len(cal.settings['gbs'])} GBS "
+            f"x {cal.settings['seeds']} seeds; {sum(1 for _ in cal.done())} already done)"
+        )
         tune_s = cal.run_trials(pending) if pending else 0.0
         data = cal.fit(branches, time.time() - t)
         data["tune_overhead_s_per_trial"] = _overhead(tune_s, pending, cal.done())
@@ -271,8 +375,21 @@ def _overhead(tune_s: float, pending: list[dict], done: dict[str, dict]) -> floa
 
 def _log_parent(cal: Calibration, data: dict) -> None:
     for i, b in enumerate(data["branch_points"]):
-        values = {f"{k}.b{i}": b[k] for k in ("val_loss", "b_crit", "b_crit_low", "b_crit_high", "b_noise", "b_noise_adam",
-                                              "b_noise_run", "c", "chi2_p") if b[k] is not None}
+        values = {
+            f"{k}.b{i}": b[k]
+            for k in (
+                "val_loss",
+                "b_crit",
+                "b_crit_low",
+                "b_crit_high",
+                "b_noise",
+                "b_noise_adam",
+                "b_noise_run",
+                "c",
+                "chi2_p",
+            )
+            if b[k] is not None
+        }
         cal.tracker.log_values(cal.parent, values, step=0)
     cal.tracker.log_dict(cal.parent, data, "calibration.json")
     cal.tracker.set_tags(cal.parent, {"all_fits_ok": data["all_fits_ok"]})
@@ -280,15 +397,20 @@ def _log_parent(cal: Calibration, data: dict) -> None:
 
 
 def calibration_table(data: dict) -> str:
-    lines = [f"{'branch':>6} {'samples':>8} {'val loss':>8} {'B_crit':>8} {'95% interval':>17} {'fit p':>6} "
-             f"{'B_noise':>8} {'Adam':>8} {'run':>8} {'c':>6}"]
+    lines = [
+        f"{'branch':>6} {'samples':>8} {'val loss':>8} {'B_crit':>8} {'95% interval':>17} {'fit p':>6} "
+        f"{'B_noise':>8} {'Adam':>8} {'run':>8} {'c':>6}"
+    ]
     f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for i, b in enumerate(data["branch_points"]):
-        lines.append(f"{i:>6} {b['samples_seen']:>8} {b['val_loss']:>8.3f} {f(b['b_crit'], '8.1f')} "
-                     f"{f(b['b_crit_low'], '7.1f')}..{f(b['b_crit_high'], '<8.1f')} {f(b['chi2_p'], '6.2f')} "
-                     f"{f(b['b_noise'], '8.1f')} {f(b['b_noise_adam'], '8.1f')} {f(b['b_noise_run'], '8.1f')} "
-                     f"{f(b['c'], '6.1f')}" + ("" if b["fit_ok"] else "  (linear form rejected: measured curve used)"))
-        lines.append(f"{'':>6} E(B) samples: " + ", ".join(
-            f"{g}: {e:.0f}" for g, e in zip(b["gbs"], b["mean_samples"])))
+        lines.append(
+            f"{i:>6} {b['samples_seen']:>8} {b['val_loss']:>8.3f} {f(b['b_crit'], '8.1f')} "
+            f"{f(b['b_crit_low'], '7.1f')}..{f(b['b_crit_high'], '<8.1f')} {f(b['chi2_p'], '6.2f')} "
+            f"{f(b['b_noise'], '8.1f')} {f(b['b_noise_adam'], '8.1f')} {f(b['b_noise_run'], '8.1f')} "
+            f"{f(b['c'], '6.1f')}" + ("" if b["fit_ok"] else "  (linear form rejected: measured curve used)")
+        )
+        lines.append(
+            f"{'':>6} E(B) samples: " + ", ".join(f"{g}: {e:.0f}" for g, e in zip(b["gbs"], b["mean_samples"]))
+        )
     lines.append(f"calibration: {data.get('path', '')}")
     return "\n".join(lines)

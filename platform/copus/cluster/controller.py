@@ -30,14 +30,14 @@ from copus.core.throughput import Config
 class ControllerSpec:
     policy: str
     throughputs: tuple[tuple[Config, float], ...]  # memory-feasible search space, samples/s of each
-    b0: int                          # reference GBS of the noise scale and the efficiency
+    b0: int  # reference GBS of the noise scale and the efficiency
     efficiency: str
     critical_factor: float
     threshold: float
     interval_s: float
-    restart_cost_s: float            # estimates until a switch of the kind has been measured
+    restart_cost_s: float  # estimates until a switch of the kind has been measured
     in_place_cost_s: float
-    reconfigure: str = "auto"        # how workers change layout or MBS: in_place | restart | auto
+    reconfigure: str = "auto"  # how workers change layout or MBS: in_place | restart | auto
     # Tests and benchmarks only: the noise scale the k-th decision sees (the last one repeats),
     # instead of the measured one.
     b_noise_script: tuple[float, ...] | None = None
@@ -51,16 +51,23 @@ class Controller(RecordQueue):
     HISTORY_KEPT = 5000
     EVALUATIONS_KEPT = 500
 
-    def __init__(self, spec: ControllerSpec, restart_cost_s: float | None = None, in_place_cost_s: float | None = None,
-                 reconfigure: str | None = None, state_path: str | None = None):
+    def __init__(
+        self,
+        spec: ControllerSpec,
+        restart_cost_s: float | None = None,
+        in_place_cost_s: float | None = None,
+        reconfigure: str | None = None,
+        state_path: str | None = None,
+    ):
         """The optional arguments carry what an earlier driver of the same run measured.
         `state_path`: where the controller keeps its state after every decision; a controller
         that finds it there (Ray restarted the actor after a crash, or the driver was run again)
         goes on from it."""
         super().__init__()
         self.spec = spec
-        self.planner = planner_for(dict(spec.throughputs), spec.b0, spec.efficiency, spec.critical_factor,
-                                   spec.threshold, spec.calibration)
+        self.planner = planner_for(
+            dict(spec.throughputs), spec.b0, spec.efficiency, spec.critical_factor, spec.threshold, spec.calibration
+        )
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
         self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
         self.in_place_cost_s = spec.in_place_cost_s if in_place_cost_s is None else in_place_cost_s
@@ -84,10 +91,17 @@ class Controller(RecordQueue):
     def _save(self) -> None:
         if self.state_path is None:
             return
-        state = {"history": self.history[-self.HISTORY_KEPT:], "evaluations": self.evaluations[-self.EVALUATIONS_KEPT:],
-                 "restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s,
-                 "reconfigure": self.reconfigure, "interval_start": self._interval_start, "restarts": self.restarts,
-                 "pending": self.pending, "last_val_loss": _finite(self.last_val_loss)}
+        state = {
+            "history": self.history[-self.HISTORY_KEPT :],
+            "evaluations": self.evaluations[-self.EVALUATIONS_KEPT :],
+            "restart_cost_s": self.restart_cost_s,
+            "in_place_cost_s": self.in_place_cost_s,
+            "reconfigure": self.reconfigure,
+            "interval_start": self._interval_start,
+            "restarts": self.restarts,
+            "pending": self.pending,
+            "last_val_loss": _finite(self.last_val_loss),
+        }
         tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.state_path)
@@ -111,9 +125,17 @@ class Controller(RecordQueue):
 
     def _observe(self, r: dict) -> None:
         b_noise = self._b_noise(r)
-        self.history.append({"step": r["step"], "samples": r["samples"], "wall_clock_s": r["wall_clock_s"],
-                             "step_time_s": r["step_time_s"], "train_loss": r["train_loss"], "b_noise": b_noise,
-                             "gbs": r["gbs"]})
+        self.history.append(
+            {
+                "step": r["step"],
+                "samples": r["samples"],
+                "wall_clock_s": r["wall_clock_s"],
+                "step_time_s": r["step_time_s"],
+                "train_loss": r["train_loss"],
+                "b_noise": b_noise,
+                "gbs": r["gbs"],
+            }
+        )
         if self._interval_start is None:
             self._interval_start = r["wall_clock_s"]
         if self.pending is not None or r["wall_clock_s"] - self._interval_start < self.spec.interval_s:
@@ -121,26 +143,56 @@ class Controller(RecordQueue):
         self._interval_start = r["wall_clock_s"]
         b_noise = self._decision_b_noise(b_noise)
         current = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
-        d = decide(self.spec.policy, self.planner, current, b_noise, self.spec.critical_factor, self.spec.interval_s,
-                   self.costs(), loss=self.last_val_loss)
+        d = decide(
+            self.spec.policy,
+            self.planner,
+            current,
+            b_noise,
+            self.spec.critical_factor,
+            self.spec.interval_s,
+            self.costs(),
+            loss=self.last_val_loss,
+        )
         if d is None:
-            self.evaluations.append({"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise,
-                                     "switch": False, "reason": "nothing to decide"})
+            self.evaluations.append(
+                {
+                    "step": r["step"],
+                    "wall_clock_s": r["wall_clock_s"],
+                    "b_noise": b_noise,
+                    "switch": False,
+                    "reason": "nothing to decide",
+                }
+            )
             self._save()
             return
-        entry = {"step": r["step"], "wall_clock_s": r["wall_clock_s"], "b_noise": b_noise, "switch": d.switch,
-                 "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
+        entry = {
+            "step": r["step"],
+            "wall_clock_s": r["wall_clock_s"],
+            "b_noise": b_noise,
+            "switch": d.switch,
+            "reason": d.reason,
+            "current": d.current.as_dict(),
+            "best": d.best.as_dict(),
+        }
         self.evaluations.append(entry)
         if d.switch:
-            self.pending = {"config": d.target.__dict__, "change": d.kind, "cost_s": d.cost_s, "reason": d.reason,
-                            "b_noise": b_noise if math.isfinite(b_noise) else None,
-                            "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
-                            "predicted_goodput": d.best.goodput, "current_predicted_goodput": d.current.goodput,
-                            "predicted_throughput": d.best.throughput, "predicted_efficiency": d.best.efficiency,
-                            "current_predicted_efficiency": d.current.efficiency,
-                            "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
-                            "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
-                            "val_loss": _finite(self.last_val_loss), "efficiency_source": self.planner.mapping.source}
+            self.pending = {
+                "config": d.target.__dict__,
+                "change": d.kind,
+                "cost_s": d.cost_s,
+                "reason": d.reason,
+                "b_noise": b_noise if math.isfinite(b_noise) else None,
+                "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
+                "predicted_goodput": d.best.goodput,
+                "current_predicted_goodput": d.current.goodput,
+                "predicted_throughput": d.best.throughput,
+                "predicted_efficiency": d.best.efficiency,
+                "current_predicted_efficiency": d.current.efficiency,
+                "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
+                "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
+                "val_loss": _finite(self.last_val_loss),
+                "efficiency_source": self.planner.mapping.source,
+            }
         self._save()
 
     def decision(self) -> dict | None:
@@ -169,9 +221,15 @@ class Controller(RecordQueue):
         self._save()
 
     def snapshot(self) -> dict:
-        return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s, "restarts": self.restarts,
-                "reconfigure": self.reconfigure, "decisions": len(self.evaluations),
-                "steps_observed": len(self.history), "evaluations": self.evaluations[-200:]}
+        return {
+            "restart_cost_s": self.restart_cost_s,
+            "in_place_cost_s": self.in_place_cost_s,
+            "restarts": self.restarts,
+            "reconfigure": self.reconfigure,
+            "decisions": len(self.evaluations),
+            "steps_observed": len(self.history),
+            "evaluations": self.evaluations[-200:],
+        }
 
 
 def _finite(x: float) -> float | None:

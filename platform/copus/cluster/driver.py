@@ -36,9 +36,19 @@ from copus.core.planner import change_kind, planner_for
 from copus.core.policies import initial_config
 from copus.core.throughput import Config
 from copus.progress import progress_line, reconfiguration_line, summary_text
-from copus.run_state import (CONTROLLER_STATE, FAULT_MARKERS, RAY_RUN_NAME, RECORDS_LOG, clear_run, load_run_state,
-                             ray_storage, resume_config, resume_key, save_run_state)
-from copus.tracking import Tracker, flatten
+from copus.run_state import (
+    CONTROLLER_STATE,
+    FAULT_MARKERS,
+    RAY_RUN_NAME,
+    RECORDS_LOG,
+    clear_run,
+    load_run_state,
+    ray_storage,
+    resume_config,
+    resume_key,
+    save_run_state,
+)
+from copus.tracking import Tracker, flatten, results_name
 from copus.train.faults import FaultSpecError, faults_from_env
 
 PRINT_EVERY_S = 5.0
@@ -50,8 +60,12 @@ def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
     _, plan = prepare_plan(cfg)
     ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="copus-gns-") as storage:
-        result = make_trainer(cfg, gns_worker, {"plan": plan, "steps": steps},
-                              RunConfig(name="gns", storage_path=storage, failure_config=FailureConfig(max_failures=0))).fit()
+        result = make_trainer(
+            cfg,
+            gns_worker,
+            {"plan": plan, "steps": steps},
+            RunConfig(name="gns", storage_path=storage, failure_config=FailureConfig(max_failures=0)),
+        ).fit()
     return result.return_value
 
 
@@ -60,8 +74,12 @@ def start_config(cfg: ExperimentConfig) -> Config:
     return Config(p.dp, p.tp, p.pp, b.mbs, b.gbs)
 
 
-def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None], b_noise_script: tuple | None = None,
-                     data_fingerprint: str | None = None) -> tuple[ControllerSpec, Config]:
+def controller_setup(
+    cfg: ExperimentConfig,
+    echo: Callable[[str], None],
+    b_noise_script: tuple | None = None,
+    data_fingerprint: str | None = None,
+) -> tuple[ControllerSpec, Config]:
     """The controller's inputs (profile table → step-time model, memory-feasible search
     space, the workload's calibration when one exists) and the policy's starting
     configuration. Profiles first when no table exists. B0 of the efficiency and of the noise
@@ -71,15 +89,28 @@ def controller_setup(cfg: ExperimentConfig, echo: Callable[[str], None], b_noise
     calibration = load_calibration(cfg, data_fingerprint) if data_fingerprint is not None else None
     if calibration is not None:
         levels = ", ".join(f"{_fmt(b['b_crit'])} at val loss {b['val_loss']:.2f}" for b in calibration["branch_points"])
-        echo(f"efficiency from the calibration {calibration_path(cfg, data_fingerprint).name} (measured critical "
-             f"batch {levels})")
+        echo(
+            f"efficiency from the calibration {calibration_path(cfg, data_fingerprint).name} (measured critical "
+            f"batch {levels})"
+        )
     b0 = cfg.optimizer.reference_gbs
-    spec = ControllerSpec(cfg.policy.name, tuple(throughputs.items()), b0, cfg.policy.efficiency,
-                          cfg.gns.critical_factor, cfg.policy.threshold, cfg.policy.interval_s,
-                          cfg.policy.restart_cost_s, cfg.policy.in_place_cost_s, cfg.reconfigure, b_noise_script,
-                          calibration)
-    planner = planner_for(throughputs, b0, cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold,
-                          calibration)
+    spec = ControllerSpec(
+        cfg.policy.name,
+        tuple(throughputs.items()),
+        b0,
+        cfg.policy.efficiency,
+        cfg.gns.critical_factor,
+        cfg.policy.threshold,
+        cfg.policy.interval_s,
+        cfg.policy.restart_cost_s,
+        cfg.policy.in_place_cost_s,
+        cfg.reconfigure,
+        b_noise_script,
+        calibration,
+    )
+    planner = planner_for(
+        throughputs, b0, cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold, calibration
+    )
     return spec, initial_config(cfg.policy.name, planner, start_config(cfg), cfg.policy.layout)
 
 
@@ -92,8 +123,13 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[str], None] = print,
-                   b_noise_script: tuple | None = None, parent_run_id: str | None = None) -> dict:
+def run_experiment(
+    cfg: ExperimentConfig,
+    fresh: bool = False,
+    echo: Callable[[str], None] = print,
+    b_noise_script: tuple | None = None,
+    parent_run_id: str | None = None,
+) -> dict:
     out = cfg.resolved_output_dir()
     tokens, plan = prepare_plan(cfg)
     try:
@@ -106,8 +142,9 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     out.mkdir(parents=True, exist_ok=True)
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
     ensure_ray(cfg)
-    spec, start = (controller_setup(cfg, echo, b_noise_script, tokens.fingerprint) if cfg.adaptive
-                   else (None, start_config(cfg)))
+    spec, start = (
+        controller_setup(cfg, echo, b_noise_script, tokens.fingerprint) if cfg.adaptive else (None, start_config(cfg))
+    )
     current, moved = resume_config(state.current, start)
     if moved:
         echo(moved)
@@ -116,15 +153,23 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     if state.mlflow_run_id is None:
         params = flatten(cfg.model_dump(mode="json"))
         params.update({"data.fingerprint": tokens.fingerprint, "data.description": tokens.description})
-        state.mlflow_run_id = tracker.start_run(cfg.tracking.run_name or run_label(cfg, current), params,
-                                                {"policy": cfg.policy.name,
-                                                 "layout": f"dp{current.dp}-tp{current.tp}-pp{current.pp}",
-                                                 "copus.output_dir": str(out)}, parent_run_id)
+        state.mlflow_run_id = tracker.start_run(
+            cfg.tracking.run_name or run_label(cfg, current),
+            params,
+            {
+                "policy": cfg.policy.name,
+                "layout": f"dp{current.dp}-tp{current.tp}-pp{current.pp}",
+                "copus.output_dir": str(out),
+            },
+            parent_run_id,
+        )
         tracker.log_dict(state.mlflow_run_id, cfg.model_dump(mode="json"), "config.json")
     else:
         tracker.resume_run(state.mlflow_run_id)
-        echo(f"resuming run in {out} (launch {state.launches + 1}, {state.elapsed_s:.1f} s already spent, "
-             f"{current.label()})")
+        echo(
+            f"resuming run in {out} (launch {state.launches + 1}, {state.elapsed_s:.1f} s already spent, "
+            f"{current.label()})"
+        )
     run_id = state.mlflow_run_id
     state.current = current.__dict__
     save_run_state(out, state)
@@ -133,13 +178,24 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     # estimate carry over relaunches.
     # Ray restarts a controller that crashes (max_restarts); it recovers its state from
     # CONTROLLER_STATE, which it rewrites after every decision.
-    actor = (GoodputController.options(name=f"copus-controller-{run_id}", max_restarts=-1).remote(
-                 spec, state.restart_cost_s, state.in_place_cost_s, state.reconfigure, str(out / CONTROLLER_STATE))
-             if spec is not None else RunMonitor.remote())
+    actor = (
+        GoodputController.options(name=f"copus-controller-{run_id}", max_restarts=-1).remote(
+            spec, state.restart_cost_s, state.in_place_cost_s, state.reconfigure, str(out / CONTROLLER_STATE)
+        )
+        if spec is not None
+        else RunMonitor.remote()
+    )
     records_log = open(out / RECORDS_LOG, "a")
     clock_origin = time.time() - state.elapsed_s
-    view = {"last_val": None, "final": None, "last_print": 0.0, "awaiting": None, "cursor": (None, 0), "starts": 0,
-            "last_step": 0}
+    view = {
+        "last_val": None,
+        "final": None,
+        "last_print": 0.0,
+        "awaiting": None,
+        "cursor": (None, 0),
+        "starts": 0,
+        "last_step": 0,
+    }
 
     def on_records(records: list[dict]) -> None:
         tracker.log_records(run_id, records)
@@ -152,26 +208,52 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                 view["starts"] += 1
                 if view["starts"] > 1:  # Ray Train restarted a failed worker group within this launch
                     lost = max(view["last_step"] - record["step"], 0)
-                    state.worker_failures.append({"wall_clock_s": record["wall_clock_s"], "resumed_at_step": record["step"],
-                                                  "last_step_before": view["last_step"], "steps_lost": lost})
-                    echo(f"[{record['wall_clock_s']:.0f} s] a worker failed: Ray Train restarted the worker group, "
-                         f"resumed from the checkpoint at step {record['step']} in "
-                         f"dp{record['layout']['dp']}-tp{record['layout']['tp']}-pp{record['layout']['pp']} "
-                         f"({lost} steps to redo)")
+                    state.worker_failures.append(
+                        {
+                            "wall_clock_s": record["wall_clock_s"],
+                            "resumed_at_step": record["step"],
+                            "last_step_before": view["last_step"],
+                            "steps_lost": lost,
+                        }
+                    )
+                    echo(
+                        f"[{record['wall_clock_s']:.0f} s] a worker failed: Ray Train restarted the worker group, "
+                        f"resumed from the checkpoint at step {record['step']} in "
+                        f"dp{record['layout']['dp']}-tp{record['layout']['tp']}-pp{record['layout']['pp']} "
+                        f"({lost} steps to redo)"
+                    )
             elif kind == "checkpoint_refused":
-                echo(f"warning: checkpoint {record['path']} refused ({record['reason']}); resuming from the newest "
-                     f"complete one before it")
+                echo(
+                    f"warning: checkpoint {record['path']} refused ({record['reason']}); resuming from the newest "
+                    f"complete one before it"
+                )
             elif kind == "eval":
                 view["last_val"] = record["val_loss"]
             elif kind == "end":
                 view["final"] = record
             elif kind == "nonfinite":
-                echo(f"warning: step {record['step']}: non-finite loss {record['train_loss']} or gradient norm "
-                     f"{record['grad_norm']}: update skipped ({record['consecutive']} in a row, "
-                     f"{record['nonfinite_steps']} in this run)")
+                echo(
+                    f"warning: step {record['step']}: non-finite loss {record['train_loss']} or gradient norm "
+                    f"{record['grad_norm']}: update skipped ({record['consecutive']} in a row, "
+                    f"{record['nonfinite_steps']} in this run)"
+                )
             elif kind == "reconfigure":
-                entry = {k: record.get(k) for k in ("step", "samples", "wall_clock_s", "from", "to", "in_place",
-                                                    "fell_back", "reshard", "predicted_gain", "reason", "b_noise")}
+                entry = {
+                    k: record.get(k)
+                    for k in (
+                        "step",
+                        "samples",
+                        "wall_clock_s",
+                        "from",
+                        "to",
+                        "in_place",
+                        "fell_back",
+                        "reshard",
+                        "predicted_gain",
+                        "reason",
+                        "b_noise",
+                    )
+                }
                 entry["change"] = change_kind(Config(**entry["from"]), Config(**entry["to"]))
                 entry["downtime_s"] = None
                 state.reconfigurations.append(entry)
@@ -188,8 +270,9 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
                 entry["downtime_s"] = record["wall_clock_s"] - record["step_time_s"] - entry["wall_clock_s"]
                 tracker.log_values(run_id, {"reconfiguration_downtime_s": entry["downtime_s"]}, step=entry["step"])
                 if spec is not None:
-                    actor.observed_downtime.remote(entry["downtime_s"], entry["in_place"], entry["change"],
-                                                   bool(entry["fell_back"]))
+                    actor.observed_downtime.remote(
+                        entry["downtime_s"], entry["in_place"], entry["change"], bool(entry["fell_back"])
+                    )
                 if not entry["in_place"]:
                     state.restart_cost_s = entry["downtime_s"]
                 elif entry["change"] == "layout":
@@ -210,18 +293,39 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         while True:
             state.launches += 1
             save_run_state(out, state)
-            launch_plan = replace(plan, dp=current.dp, tp=current.tp, pp=current.pp, gbs=current.gbs, mbs=current.mbs,
-                                  reconfigure=state.reconfigure or cfg.reconfigure)
-            trainer = make_trainer(cfg, train_worker, {"plan": launch_plan, "monitor": actor, "clock_origin": clock_origin,
-                                                       "adaptive": spec is not None, "faults": faults,
-                                                       "record_sample_ids": record_sample_ids,
-                                                       "controller_timeout_s": cfg.policy.controller_timeout_s,
-                                                       "checkpoint_root": str(ray_storage(out) / RAY_RUN_NAME)},
-                                   RunConfig(name=RAY_RUN_NAME, storage_path=str(ray_storage(out)),
-                                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                                             failure_config=FailureConfig(max_failures=cfg.cluster.max_failures)))
-            echo(f"training {cfg.workload.model} on {cfg.cluster.num_workers} Ray workers ({current.label()}, "
-                 f"policy {cfg.policy.name}); MLflow run {run_id}")
+            launch_plan = replace(
+                plan,
+                dp=current.dp,
+                tp=current.tp,
+                pp=current.pp,
+                gbs=current.gbs,
+                mbs=current.mbs,
+                reconfigure=state.reconfigure or cfg.reconfigure,
+            )
+            trainer = make_trainer(
+                cfg,
+                train_worker,
+                {
+                    "plan": launch_plan,
+                    "monitor": actor,
+                    "clock_origin": clock_origin,
+                    "adaptive": spec is not None,
+                    "faults": faults,
+                    "record_sample_ids": record_sample_ids,
+                    "controller_timeout_s": cfg.policy.controller_timeout_s,
+                    "checkpoint_root": str(ray_storage(out) / RAY_RUN_NAME),
+                },
+                RunConfig(
+                    name=RAY_RUN_NAME,
+                    storage_path=str(ray_storage(out)),
+                    checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+                    failure_config=FailureConfig(max_failures=cfg.cluster.max_failures),
+                ),
+            )
+            echo(
+                f"training {cfg.workload.model} on {cfg.cluster.num_workers} Ray workers ({current.label()}, "
+                f"policy {cfg.policy.name}); MLflow run {run_id}"
+            )
             view["final"], view["starts"] = None, 0
             outcome = fit_and_drain(trainer, actor, on_records, view["cursor"])
             view["cursor"] = outcome["cursor"]
@@ -247,17 +351,25 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     seen = {(r["step"], json.dumps(r["to"], sort_keys=True)) for r in state.reconfigurations}
     for r in final.get("reconfigurations", []):
         if (r["step"], json.dumps(r["to"], sort_keys=True)) not in seen:
-            state.reconfigurations.append({**r, "change": change_kind(Config(**r["from"]), Config(**r["to"])),
-                                           "downtime_s": None, "record_lost": True})
+            state.reconfigurations.append(
+                {
+                    **r,
+                    "change": change_kind(Config(**r["from"]), Config(**r["to"])),
+                    "downtime_s": None,
+                    "record_lost": True,
+                }
+            )
     state.reconfigurations.sort(key=lambda r: r["step"])
-    state.reconfigurations = audit_changes(out, state.reconfigurations, cfg.schedule.warmup_samples, tracker, run_id,
-                                           echo)
+    state.reconfigurations = audit_changes(
+        out, state.reconfigurations, cfg.schedule.warmup_samples, tracker, run_id, echo
+    )
 
     # The final configuration: the layout and batch shape of the last step (in-place changes
     # happen inside a launch), or the last launch's when it took no step.
     layout = final.get("layout") or {"dp": current.dp, "tp": current.tp, "pp": current.pp}
-    final_config = Config(layout["dp"], layout["tp"], layout["pp"], final.get("mbs") or current.mbs,
-                          final.get("gbs") or current.gbs)
+    final_config = Config(
+        layout["dp"], layout["tp"], layout["pp"], final.get("mbs") or current.mbs, final.get("gbs") or current.gbs
+    )
     summary = {
         "policy": cfg.policy.name,
         "reached_target": final["time_to_target_s"] is not None,
@@ -274,6 +386,7 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         "skipped_samples": final.get("skipped_samples", 0),
         "mlflow_run_id": run_id,
         "mlflow_tracking_uri": tracker.uri,
+        "mlflow_experiment_id": tracker.experiment_id,
         "initial_layout": start.__dict__,
         "layout": final_config.__dict__,
         "reconfigurations": state.reconfigurations,
@@ -282,12 +395,26 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
         "data_fingerprint": tokens.fingerprint,
         "output_dir": str(out),
     }
-    final_metrics = {"final_val_loss": summary["final_val_loss"], "total_wall_clock_s": summary["wall_clock_s"],
-                     "reconfigurations": float(len(state.reconfigurations))}
+    final_metrics = {
+        "final_val_loss": summary["final_val_loss"],
+        "total_wall_clock_s": summary["wall_clock_s"],
+        "reconfigurations": float(len(state.reconfigurations)),
+    }
     if summary["reached_target"]:
         final_metrics["time_to_target_s"] = summary["time_to_target_s"]
     tracker.log_values(run_id, final_metrics, step=int(final["step"]))
-    tracker.set_tags(run_id, {"reached_target": summary["reached_target"], "stop_reason": summary["stop_reason"]})
+    tracker.set_tags(
+        run_id,
+        {
+            "reached_target": summary["reached_target"],
+            "stop_reason": summary["stop_reason"],
+            "final_config": final_config.label(),
+        },
+    )
+    tracker.rename(
+        run_id,
+        results_name(cfg.tracking.run_name or run_label(cfg, start), summary["time_to_target_s"], final_config.label()),
+    )
     tracker.log_dict(run_id, {"reconfigurations": state.reconfigurations}, "reconfigurations.json")
     tracker.finish(run_id)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -296,8 +423,14 @@ def run_experiment(cfg: ExperimentConfig, fresh: bool = False, echo: Callable[[s
     return summary
 
 
-def audit_changes(out: os.PathLike, entries: list[dict], warmup_samples: int, tracker: Tracker, run_id: str,
-                  echo: Callable[[str], None]) -> list[dict]:
+def audit_changes(
+    out: os.PathLike,
+    entries: list[dict],
+    warmup_samples: int,
+    tracker: Tracker,
+    run_id: str,
+    echo: Callable[[str], None],
+) -> list[dict]:
     """The reconfigurations, each with its predicted and realized statistical-efficiency gain
     (`copus.core.audit.audit_reconfigurations`: ρ = progress per sample after the change over
     before it, at matched loss, from the step records of OUTPUT_DIR/records.jsonl, against the
@@ -320,18 +453,30 @@ def audit_changes(out: os.PathLike, entries: list[dict], warmup_samples: int, tr
     except Exception as err:  # the audit is a by-product: never lose a run's summary to it
         echo(f"warning: could not audit the reconfigurations ({type(err).__name__}: {err})")
         note = f"audit failed: {type(err).__name__}"
-        return [{**e, "predicted_efficiency_gain": e.get("predicted_efficiency_gain"), "realized_efficiency_gain": None,
-                 "realized_efficiency_interval": None, "audit_points": None, "audit_note": note} for e in entries]
+        return [
+            {
+                **e,
+                "predicted_efficiency_gain": e.get("predicted_efficiency_gain"),
+                "realized_efficiency_gain": None,
+                "realized_efficiency_interval": None,
+                "audit_points": None,
+                "audit_note": note,
+            }
+            for e in entries
+        ]
     for entry in audited:
-        values = {k: entry[k] for k in ("predicted_efficiency_gain", "realized_efficiency_gain")
-                  if entry[k] is not None}
+        values = {
+            k: entry[k] for k in ("predicted_efficiency_gain", "realized_efficiency_gain") if entry[k] is not None
+        }
         if values and entry.get("step") is not None:
             tracker.log_values(run_id, values, step=int(entry["step"]))
         if entry["audit_points"] is not None:
-            echo(f"audit step {entry['step']}: GBS {entry['from']['gbs']} -> {entry['to']['gbs']}, statistical "
-                 f"efficiency x{_fmt_gain(entry['predicted_efficiency_gain'])} predicted, "
-                 f"x{_fmt_gain(entry['realized_efficiency_gain'])} realized{_fmt_interval(entry)} "
-                 f"({entry['audit_note']})")
+            echo(
+                f"audit step {entry['step']}: GBS {entry['from']['gbs']} -> {entry['to']['gbs']}, statistical "
+                f"efficiency x{_fmt_gain(entry['predicted_efficiency_gain'])} predicted, "
+                f"x{_fmt_gain(entry['realized_efficiency_gain'])} realized{_fmt_interval(entry)} "
+                f"({entry['audit_note']})"
+            )
     return audited
 
 

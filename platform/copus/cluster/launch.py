@@ -17,7 +17,6 @@ from copus.config import ConfigError, ExperimentConfig
 from copus.train.data import num_windows
 from copus.train.plan import WorkerPlan, plan_from_config
 from workloads.corpus import TokenFiles, prepare_dataset
-from workloads.flavours import FLAVOURS
 
 POLL_S = 0.5
 
@@ -36,8 +35,11 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # Worker logs stay in Ray's session logs unless COPUS_WORKER_LOGS=1; failures still surface
     # through TrainingFailedError with the worker's traceback. No dashboard: the embedded
     # cluster serves no HTTP (no job API) at all.
-    ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
-             log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1")
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, needed),
+        include_dashboard=False,
+        log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1",
+    )
 
 
 def _scaling(cfg: ExperimentConfig) -> ScalingConfig:
@@ -51,31 +53,49 @@ def _scaling(cfg: ExperimentConfig) -> ScalingConfig:
 def check_dataset_fits(cfg: ExperimentConfig, tokens: TokenFiles) -> None:
     """Refuse, before any worker starts, a dataset too small for the experiment."""
     seq = cfg.workload.seq_len
-    for split, path, needed, field in (("train", tokens.train, 1, "workload.dataset.path"),
-                                       ("validation", tokens.val, cfg.eval.val_samples, "eval.val_samples")):
+    for split, path, needed, field in (
+        ("train", tokens.train, 1, "workload.dataset.path"),
+        ("validation", tokens.val, cfg.eval.val_samples, "eval.val_samples"),
+    ):
         samples = num_windows(os.path.getsize(path) // np.dtype(tokens.dtype).itemsize, seq)
         if samples < needed:
-            raise ConfigError(f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}")
+            raise ConfigError(
+                f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}"
+            )
 
 
 def prepare_plan(cfg: ExperimentConfig) -> tuple[TokenFiles, WorkerPlan]:
     """The dataset's token files (built or cached) and the workers' plan; refuses a dataset
     too small for the experiment before anything starts."""
     ds = cfg.workload.dataset
-    tokens = prepare_dataset(ds.kind, ds.path, ds.val_path, ds.text_field, ds.dtype, ds.val_fraction,
-                             FLAVOURS[cfg.workload.model].vocab_size, ds.cache_dir)
+    tokens = prepare_dataset(
+        ds.kind,
+        ds.path,
+        ds.val_path,
+        ds.text_field,
+        ds.dtype,
+        ds.val_fraction,
+        cfg.flavour().vocab_size,
+        ds.cache_dir,
+        cfg.workload.tokenizer,
+    )
     check_dataset_fits(cfg, tokens)
     return tokens, plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
 
 
 def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config: RunConfig) -> TorchTrainer:
-    return TorchTrainer(worker_fn, train_loop_config=loop_config,
-                        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
-                        scaling_config=_scaling(cfg), run_config=run_config)
+    return TorchTrainer(
+        worker_fn,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        scaling_config=_scaling(cfg),
+        run_config=run_config,
+    )
 
 
-def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None],
-                  cursor: tuple[str | None, int] = (None, 0)) -> dict:
+def fit_and_drain(
+    trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None], cursor: tuple[str | None, int] = (None, 0)
+) -> dict:
     """Run `trainer.fit()` on a thread while handing the monitor's records, in order, to
     `on_records` on this one (MLflow, progress), from `cursor` on (a monitor that outlives
     several worker groups keeps its earlier records). A monitor that died and is being
@@ -104,5 +124,3 @@ def fit_and_drain(trainer: TorchTrainer, monitor, on_records: Callable[[list[dic
     thread.join()
     outcome["cursor"] = cursor
     return outcome
-
-

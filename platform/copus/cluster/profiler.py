@@ -29,11 +29,11 @@ from copus.config import ExperimentConfig
 from copus.core.memory import GIB, bytes_per_rank
 from copus.core.search import candidates, gbs_grid, profile_points
 from copus.core.throughput import Config, StepTimeModel
+from copus.core.tradeoffs import tradeoff_lines, tradeoffs
 from copus.profile_table import ProfileTable, profile_key
 from copus.tracking import Tracker, flatten
 from copus.train.hardware import describe_hardware, hardware_label
 from copus.train.profile import ProfileJob
-from workloads.flavours import FLAVOURS
 
 # Per-process memory that never holds tensors: CUDA context and communicator buffers.
 GPU_RUNTIME_OVERHEAD_BYTES = 2 * GIB
@@ -42,15 +42,22 @@ FAULT_ENV = "COPUS_INJECT_PROFILE_FAILURE"  # a Config.label() at which rank 0 f
 
 def workload_key(cfg: ExperimentConfig) -> dict:
     """What changes the step time of a configuration, besides hardware and layout."""
-    return {"model": cfg.workload.model, "seq_len": cfg.workload.seq_len, "pp_schedule": cfg.parallel.pp_schedule,
-            "mixed_precision": cfg.cluster.mixed_precision, "gns_probe": cfg.gns.enabled,
-            "gns_precondition": cfg.gns.precondition}
+    return {
+        "model": cfg.workload.model,
+        "seq_len": cfg.workload.seq_len,
+        "pp_schedule": cfg.parallel.pp_schedule,
+        "mixed_precision": cfg.cluster.mixed_precision,
+        "gns_probe": cfg.gns.enabled,
+        "gns_precondition": cfg.gns.precondition,
+    }
 
 
 def detect_hardware(cfg: ExperimentConfig) -> dict:
     """The hardware of a worker node (scheduled with one worker's resources)."""
     c = cfg.cluster
-    task = ray.remote(describe_hardware).options(num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker if c.use_gpu else 0)
+    task = ray.remote(describe_hardware).options(
+        num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker if c.use_gpu else 0
+    )
     return ray.get(task.remote(c.use_gpu))
 
 
@@ -66,12 +73,22 @@ def device_memory_bytes(cfg: ExperimentConfig, hardware: dict) -> float:
 def memory_estimate(cfg: ExperimentConfig, c: Config, hardware: dict):
     act_bytes = 2 if cfg.cluster.mixed_precision in ("bf16", "fp16") else 4
     overhead = GPU_RUNTIME_OVERHEAD_BYTES if hardware["kind"] == "cuda" else 0.0
-    return bytes_per_rank(FLAVOURS[cfg.workload.model].shape(), c.dp, c.tp, c.pp, c.mbs, c.microbatches,
-                          cfg.workload.seq_len, cfg.parallel.pp_schedule, act_bytes, overhead_bytes=overhead)
+    return bytes_per_rank(
+        cfg.flavour().shape(),
+        c.dp,
+        c.tp,
+        c.pp,
+        c.mbs,
+        c.microbatches,
+        cfg.workload.seq_len,
+        cfg.parallel.pp_schedule,
+        act_bytes,
+        overhead_bytes=overhead,
+    )
 
 
 def search_space(cfg: ExperimentConfig) -> list[Config]:
-    shape = FLAVOURS[cfg.workload.model].shape()
+    shape = cfg.flavour().shape()
     return candidates(cfg.layout_choices(), cfg.mbs_choices(), gbs_grid(*cfg.gbs_bounds()), shape)
 
 
@@ -89,8 +106,13 @@ def _run_group(cfg: ExperimentConfig, job: ProfileJob, on_record: Callable[[dict
     """One worker group measuring `job`; records reach `on_record` as they arrive."""
     monitor = RunMonitor.remote()
     with tempfile.TemporaryDirectory(prefix="copus-profile-") as storage:
-        trainer = make_trainer(cfg, profile_worker, {"job": job, "monitor": monitor},
-                           RunConfig(name="profile", storage_path=storage, failure_config=FailureConfig(max_failures=0)))
+        trainer = make_trainer(
+            cfg,
+            profile_worker,
+            {"job": job, "monitor": monitor},
+            RunConfig(name="profile", storage_path=storage, failure_config=FailureConfig(max_failures=0)),
+        )
+
         def each(records: list[dict]) -> None:
             for r in records:
                 on_record(r)
@@ -102,16 +124,18 @@ def _run_group(cfg: ExperimentConfig, job: ProfileJob, on_record: Callable[[dict
 
 def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[str], None] = print) -> dict:
     t0 = time.time()
-    shape = FLAVOURS[cfg.workload.model].shape()
+    shape = cfg.flavour().shape()
     _, plan = prepare_plan(cfg)
     ensure_ray(cfg)
     hardware = detect_hardware(cfg)
     key = profile_key(workload_key(cfg), hardware, cfg.cluster.num_workers)
     table_dir = cfg.resolved_profile_dir()
     table = ProfileTable.open(table_dir, key, refresh)
-    echo(f"profiling {cfg.workload.model} seq {cfg.workload.seq_len} on {cfg.cluster.num_workers} workers, "
-         f"{hardware_label(hardware)}; table {table_dir / table.file_name()}"
-         + (f" ({len(table.measured())} points already measured)" if table.rows else ""))
+    echo(
+        f"profiling {cfg.workload.model} seq {cfg.workload.seq_len} on {cfg.cluster.num_workers} workers, "
+        f"{hardware_label(hardware)}; table {table_dir / table.file_name()}"
+        + (f" ({len(table.measured())} points already measured)" if table.rows else "")
+    )
 
     space = search_space(cfg)
     _screen_memory(cfg, table, space, hardware, echo)
@@ -122,7 +146,8 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         # Plan from what is known to run: a configuration that failed is replaced by another
         # GBS of its shape in the next round.
         feasible = [c for c in space if not table.known(c) or table.row(c)["status"] == "ok"]
-        pending = [c for c in profile_points(feasible, cfg.profile.gbs_per_shape) if not table.known(c)]
+        points = profile_points(feasible, cfg.profile.gbs_per_shape, cfg.profile.max_microbatches)
+        pending = [c for c in points if not table.known(c)]
         failures = len(table.infeasible())
         ctx.measure(pending)
         if len(table.infeasible()) == failures or time.time() >= ctx.deadline:
@@ -145,7 +170,9 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         "hardware": hardware,
         "points": len(rows),
         "measured_now": ctx.measured,
-        "infeasible": [{k: r[k] for k in ("dp", "tp", "pp", "mbs", "gbs", "reason", "source")} for r in table.infeasible()],
+        "infeasible": [
+            {k: r[k] for k in ("dp", "tp", "pp", "mbs", "gbs", "reason", "source")} for r in table.infeasible()
+        ],
         "not_measured_budget": [c.label() for c in unmeasured],
         "mape": model["error"]["mape"],
         "max_ape": model["error"]["max_ape"],
@@ -156,6 +183,7 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         "worker_groups": ctx.launches,
         "remeasured": [c.label() for c in suspects],
         "wall_clock_s": time.time() - t0,
+        "tradeoffs": tradeoffs(measured_throughputs(table)),
     }
     result["mlflow_run_id"] = _log_to_mlflow(cfg, table, result)
     _print_summary(table, result, echo)
@@ -165,12 +193,14 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
 def load_or_profile(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[ProfileTable, StepTimeModel]:
     """The profile table of this experiment's key with its fitted model; profiles first (within
     profile.budget_s) when there is none."""
-    shape = FLAVOURS[cfg.workload.model].shape()
+    shape = cfg.flavour().shape()
     key = profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers)
     table = ProfileTable.open(cfg.resolved_profile_dir(), key)
     if table.model is None:
-        echo(f"no profile for this workload, hardware and world size in {cfg.resolved_profile_dir()}: profiling first "
-             f"(up to {cfg.profile.budget_s:.0f} s)")
+        echo(
+            f"no profile for this workload, hardware and world size in {cfg.resolved_profile_dir()}: profiling first "
+            f"(up to {cfg.profile.budget_s:.0f} s)"
+        )
         run_profile(cfg, echo=echo)
         table = ProfileTable.open(cfg.resolved_profile_dir(), key)
     model = table.step_time_model(shape)
@@ -183,9 +213,17 @@ def feasible_space(cfg: ExperimentConfig, table: ProfileTable) -> list[Config]:
     within what the profile covered (no extrapolation to parallel degrees never measured)."""
     hardware = table.key["hardware"]
     usable = device_memory_bytes(cfg, hardware) * (1 - cfg.cluster.memory_margin)
-    model = table.step_time_model(FLAVOURS[cfg.workload.model].shape())
-    return [c for c in search_space(cfg)
-            if table.feasible(c, memory_estimate(cfg, c, hardware), usable)[0] and not model.extrapolates(c)]
+    model = table.step_time_model(cfg.flavour().shape())
+    return [
+        c
+        for c in search_space(cfg)
+        if table.feasible(c, memory_estimate(cfg, c, hardware), usable)[0] and not model.extrapolates(c)
+    ]
+
+
+def measured_throughputs(table: ProfileTable) -> dict[Config, float]:
+    """Samples/s of every configuration the table has measured."""
+    return {m.config: m.config.gbs / m.step_time_s for m in table.measured()}
 
 
 def predicted_throughputs(table: ProfileTable, model: StepTimeModel, space: list[Config]) -> dict[Config, float]:
@@ -198,8 +236,9 @@ def predicted_throughputs(table: ProfileTable, model: StepTimeModel, space: list
     return out
 
 
-def _screen_memory(cfg: ExperimentConfig, table: ProfileTable, space: list[Config], hardware: dict,
-                   echo: Callable[[str], None]) -> None:
+def _screen_memory(
+    cfg: ExperimentConfig, table: ProfileTable, space: list[Config], hardware: dict, echo: Callable[[str], None]
+) -> None:
     """Record what the memory model rules out (afresh each call: the limit may have changed);
     outcomes measured earlier win over the model."""
     usable = device_memory_bytes(cfg, hardware) * (1 - cfg.cluster.memory_margin)
@@ -208,22 +247,35 @@ def _screen_memory(cfg: ExperimentConfig, table: ProfileTable, space: list[Confi
         estimate = memory_estimate(cfg, c, hardware)
         ok, reason = table.feasible(c, estimate, usable)
         if not ok and not table.known(c):
-            table.record(c, status="infeasible", source="memory_model", reason=reason, model_memory_bytes=estimate.total)
+            table.record(
+                c, status="infeasible", source="memory_model", reason=reason, model_memory_bytes=estimate.total
+            )
             echo(f"  skip {c.label()}: {reason}")
 
 
 def _suspects(table: ProfileTable) -> list[Config]:
     """Measured points whose held-out error is both large (> 10%) and twice the mean error."""
     mape = table.model["error"]["mape"]
-    return [Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]) for r in table.rows
-            if r["status"] == "ok" and not r.get("remeasured") and r["cv_ape"] > max(0.10, 2 * mape)]
+    return [
+        Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+        for r in table.rows
+        if r["status"] == "ok" and not r.get("remeasured") and r["cv_ape"] > max(0.10, 2 * mape)
+    ]
 
 
 class _Context:
     """Runs worker groups over a list of points, records what arrives, survives failures."""
 
-    def __init__(self, cfg: ExperimentConfig, plan, table: ProfileTable, table_dir, hardware: dict, deadline: float,
-                 echo: Callable[[str], None]):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        plan,
+        table: ProfileTable,
+        table_dir,
+        hardware: dict,
+        deadline: float,
+        echo: Callable[[str], None],
+    ):
         self.cfg, self.plan, self.table, self.table_dir = cfg, plan, table, table_dir
         self.hardware, self.deadline, self.echo = hardware, deadline, echo
         self.fail_at = os.environ.get(FAULT_ENV) or None
@@ -242,20 +294,33 @@ class _Context:
         elif r["kind"] == "profile_point":
             c = Config(**r["config"])
             old = self.table.row(c)
-            values = {"step_time_s": r["step_time_s"], "step_times": r["step_times"], "samples_per_s": r["samples_per_s"],
-                      "warmup_times": r["warmup_times"]}
+            values = {
+                "step_time_s": r["step_time_s"],
+                "step_times": r["step_times"],
+                "samples_per_s": r["samples_per_s"],
+                "warmup_times": r["warmup_times"],
+            }
             if remeasure and old is not None and old["status"] == "ok":
                 first = {k: old.get(k, []) for k in values}
                 values = min(first, values, key=lambda v: v["step_time_s"])
                 values["step_times"] = old["step_times"] + r["step_times"]
-            self.table.record(c, status="ok", source="measured", peak_memory_bytes=r["peak_memory_bytes"],
-                              model_memory_bytes=self._memory(c), remeasured=remeasure, **values)
+            self.table.record(
+                c,
+                status="ok",
+                source="measured",
+                peak_memory_bytes=r["peak_memory_bytes"],
+                model_memory_bytes=self._memory(c),
+                remeasured=remeasure,
+                **values,
+            )
             self.table.save(self.table_dir)
             self.in_flight = None
             self.measured += 1
             left = max(0.0, self.deadline - time.time())
-            self.echo(f"  {c.label():<32} {r['step_time_s']:.3f} s/step  {r['samples_per_s']:8.1f} samples/s  "
-                      f"({len(self.table.measured())} measured, {left:.0f} s of budget left)")
+            self.echo(
+                f"  {c.label():<32} {r['step_time_s']:.3f} s/step  {r['samples_per_s']:8.1f} samples/s  "
+                f"({len(self.table.measured())} measured, {left:.0f} s of budget left)"
+            )
 
     def measure(self, points: list[Config], remeasure: bool = False) -> None:
         done: set[Config] = set()
@@ -266,13 +331,24 @@ class _Context:
                 done.add(Config(**r["config"]))
 
         while True:
-            pending = [c for c in points if c not in done and (remeasure or not self.table.known(c))
-                       and (not remeasure or self.table.row(c)["status"] == "ok")]
+            pending = [
+                c
+                for c in points
+                if c not in done
+                and (remeasure or not self.table.known(c))
+                and (not remeasure or self.table.row(c)["status"] == "ok")
+            ]
             if not pending or time.time() >= self.deadline:
                 return
             self.launches += 1
-            job = ProfileJob(self.plan, tuple(pending), self.cfg.profile.warmup_steps, self.cfg.profile.steps,
-                             self.deadline, self.fail_at)
+            job = ProfileJob(
+                self.plan,
+                tuple(pending),
+                self.cfg.profile.warmup_steps,
+                self.cfg.profile.steps,
+                self.deadline,
+                self.fail_at,
+            )
             self.in_flight, self.layout = None, None
             error = _run_group(self.cfg, job, on_record)
             if error is None:
@@ -288,21 +364,32 @@ class _Context:
         else:
             raise error  # the group failed before measuring anything: not a property of a configuration
         for c in failed:
-            self.table.record(c, status="infeasible", source="measured", reason=reason,
-                              model_memory_bytes=self._memory(c))
+            self.table.record(
+                c, status="infeasible", source="measured", reason=reason, model_memory_bytes=self._memory(c)
+            )
             self.echo(f"  {c.label():<32} failed: {reason}; continuing with a new worker group")
         self.table.save(self.table_dir)
 
 
 def _log_to_mlflow(cfg: ExperimentConfig, table: ProfileTable, result: dict) -> str:
     tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment)
-    params = flatten({"profile": cfg.profile.model_dump(mode="json"), "search": cfg.search.model_dump(mode="json"),
-                      "key": table.key})
-    run_id = tracker.start_run(f"profile: {cfg.tracking.run_name or cfg.name}", params,
-                               {"kind": "profile", "profile.key_id": table.id})
-    tracker.log_values(run_id, {"mape": result["mape"], "max_ape": result["max_ape"], "points": result["points"],
-                                "infeasible": len(result["infeasible"]), "profile_wall_clock_s": result["wall_clock_s"]},
-                       step=0)
+    params = flatten(
+        {"profile": cfg.profile.model_dump(mode="json"), "search": cfg.search.model_dump(mode="json"), "key": table.key}
+    )
+    run_id = tracker.start_run(
+        f"profile: {cfg.tracking.run_name or cfg.name}", params, {"kind": "profile", "profile.key_id": table.id}
+    )
+    tracker.log_values(
+        run_id,
+        {
+            "mape": result["mape"],
+            "max_ape": result["max_ape"],
+            "points": result["points"],
+            "infeasible": len(result["infeasible"]),
+            "profile_wall_clock_s": result["wall_clock_s"],
+        },
+        step=0,
+    )
     tracker.log_dict(run_id, table.as_dict(), f"profile/{table.file_name()}")
     tracker.finish(run_id)
     return run_id
@@ -310,14 +397,24 @@ def _log_to_mlflow(cfg: ExperimentConfig, table: ProfileTable, result: dict) -> 
 
 def _print_summary(table: ProfileTable, result: dict, echo: Callable[[str], None]) -> None:
     echo(f"\n{'configuration':<32} {'measured s':>10} {'held-out pred':>13} {'error':>7}")
-    for r in sorted((r for r in table.rows if r["status"] == "ok"), key=lambda r: (r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])):
+    for r in sorted(
+        (r for r in table.rows if r["status"] == "ok"), key=lambda r: (r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+    ):
         label = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]).label()
         echo(f"{label:<32} {r['step_time_s']:>10.3f} {r['cv_predicted_step_time_s']:>13.3f} {r['cv_ape']:>7.1%}")
     for r in table.infeasible():
         echo(f"{Config(r['dp'], r['tp'], r['pp'], r['mbs'], r['gbs']).label():<32} infeasible: {r['reason']}")
-    echo(f"step-time model: {result['points']} points, {result['folds']}-fold held-out error MAPE "
-         f"{result['mape']:.1%}, worst {result['max_ape']:.1%} ({result['worst']})")
+    echo(
+        f"step-time model: {result['points']} points, {result['folds']}-fold held-out error MAPE "
+        f"{result['mape']:.1%}, worst {result['max_ape']:.1%} ({result['worst']})"
+    )
     if result["not_measured_budget"]:
-        echo(f"budget spent before {len(result['not_measured_budget'])} planned points; rerun to measure them "
-             "(measured points are kept)")
+        echo(
+            f"budget spent before {len(result['not_measured_budget'])} planned points; rerun to measure them "
+            "(measured points are kept)"
+        )
+    for row in result["tradeoffs"]["fastest_by_gbs"]:
+        echo(f"  fastest at GBS {row['gbs']:<5} {row['shape']:<20} {row['samples_per_s']:8.1f} samples/s")
+    for line in tradeoff_lines(result["tradeoffs"]):
+        echo(line)
     echo(f"table: {result['table']}")

@@ -30,14 +30,19 @@ def train_worker(loop_config: dict) -> dict:
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as latest:
         # A torn or corrupt latest checkpoint is refused and an older complete one used.
         root = loop_config.get("checkpoint_root")
-        resume_dir, refused = newest_complete(resume_candidates(Path(latest) if latest else None,
-                                                                Path(root) if root else None))
+        resume_dir, refused = newest_complete(
+            resume_candidates(Path(latest) if latest else None, Path(root) if root else None)
+        )
         if rank == 0:
             for path, reason in refused:
                 monitor.push.remote({"kind": "checkpoint_refused", "path": str(path), "reason": reason})
-        hooks = LoopHooks(persist_checkpoint=persist, resume_from=resume_dir,
-                          clock_origin=loop_config["clock_origin"], faults=loop_config.get("faults", Faults()),
-                          record_sample_ids=loop_config.get("record_sample_ids", False))
+        hooks = LoopHooks(
+            persist_checkpoint=persist,
+            resume_from=resume_dir,
+            clock_origin=loop_config["clock_origin"],
+            faults=loop_config.get("faults", Faults()),
+            record_sample_ids=loop_config.get("record_sample_ids", False),
+        )
         if rank == 0:  # only rank 0 speaks to the driver (and the controller)
             hooks.emit = emit
             if loop_config.get("adaptive"):
@@ -58,8 +63,11 @@ def _patient_decisions(controller, timeout_s: float):
             decision = ray.get(controller.decision.remote(), timeout=timeout_s)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
             if not warned["down"]:
-                print(f"copus: the controller did not answer at step {step} ({type(err).__name__}); "
-                      f"training goes on in {current.label()}", flush=True)
+                print(
+                    f"copus: the controller did not answer at step {step} ({type(err).__name__}); "
+                    f"training goes on in {current.label()}",
+                    flush=True,
+                )
             warned["down"] = True
             return None
         warned["down"] = False

@@ -60,6 +60,7 @@ CHI2_95 = 3.841458820694124  # χ²₁ quantile at 0.95
 @dataclass(frozen=True)
 class GainEstimate:
     """ρ̂ (None when the data cannot say), its 95% interval, the points used, and why or how."""
+
     rho: float | None
     interval: tuple[float, float] | None
     n_before: int
@@ -122,14 +123,23 @@ def _interval(fit: _Fit, theta: np.ndarray) -> tuple[float, float]:
     def excess(log_rho: float) -> float:
         return n_eff * math.log(max(fit.rss(log_rho, theta[1:])[0], rss0) / rss0) - CHI2_95
 
-    ends = [bound if excess(bound) <= 0 else brentq(excess, *sorted((theta[0], bound)), xtol=1e-3)
-            for bound in LOG_RHO]
+    ends = [bound if excess(bound) <= 0 else brentq(excess, *sorted((theta[0], bound)), xtol=1e-3) for bound in LOG_RHO]
     return math.exp(ends[0]), math.exp(ends[1])
 
 
-def realized_gain(samples, loss, switch_at: float, *, start: float | None = None, end: float | None = None,
-                  settle_steps: int = 5, settle_before: int = 0, max_before_samples: float | None = None,
-                  min_before: int = 10, min_after: int = 10) -> GainEstimate:
+def realized_gain(
+    samples,
+    loss,
+    switch_at: float,
+    *,
+    start: float | None = None,
+    end: float | None = None,
+    settle_steps: int = 5,
+    settle_before: int = 0,
+    max_before_samples: float | None = None,
+    min_before: int = 10,
+    min_after: int = 10,
+) -> GainEstimate:
     """ρ̂ = (progress per sample after the change)/(before), at matched loss (module docstring).
 
     `samples`, `loss`: the run's per-step train loss against samples seen (noisy, any order;
@@ -151,15 +161,26 @@ def realized_gain(samples, loss, switch_at: float, *, start: float | None = None
     after = np.flatnonzero((s > switch_at) & (s <= (math.inf if end is None else float(end))))[settle_steps:]
     n_b, n_a = len(before), len(after)
     if n_a < min_after:
-        return GainEstimate(None, None, n_b, n_a, f"too few points after the change ({n_a} < {min_after} "
-                                                  f"after skipping {settle_steps} settling steps)")
+        return GainEstimate(
+            None,
+            None,
+            n_b,
+            n_a,
+            f"too few points after the change ({n_a} < {min_after} after skipping {settle_steps} settling steps)",
+        )
     if n_b < min_before:
         return GainEstimate(None, None, n_b, n_a, f"too few points before the change ({n_b} < {min_before})")
     fit = _Fit(s[before], l[before], s[after], l[after], float(switch_at))
     theta = _joint(fit)
     if min(abs(theta[0] - b) for b in LOG_RHO) < 1e-3:
-        return GainEstimate(None, None, n_b, n_a, f"the fit ran to the search bound (ρ = {math.exp(theta[0]):.3g}): "
-                                                  "the loss curve does not follow the model here")
+        return GainEstimate(
+            None,
+            None,
+            n_b,
+            n_a,
+            f"the fit ran to the search bound (ρ = {math.exp(theta[0]):.3g}): "
+            "the loss curve does not follow the model here",
+        )
     lo_rho, hi_rho = _interval(fit, theta)
     note = f"power-law fit of loss against effective samples, {n_b} points before, {n_a} after"
     return GainEstimate(math.exp(theta[0]), (lo_rho, hi_rho), n_b, n_a, note)
@@ -184,14 +205,22 @@ def _predicted(entry: dict, records: list[dict]) -> float | None:
     """The controller's SE(new)/SE(old) for this change: the entry's, else its reconfigure record's."""
     value = entry.get("predicted_efficiency_gain")
     if value is None:
-        value = next((r.get("predicted_efficiency_gain") for r in records
-                      if r.get("kind") == "reconfigure" and r.get("step") == entry.get("step")
-                      and r.get("to") == entry.get("to")), None)
+        value = next(
+            (
+                r.get("predicted_efficiency_gain")
+                for r in records
+                if r.get("kind") == "reconfigure"
+                and r.get("step") == entry.get("step")
+                and r.get("to") == entry.get("to")
+            ),
+            None,
+        )
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def audit_reconfigurations(entries: list[dict], records: list[dict], *, run_start_samples: float = 0.0,
-                           settle_steps: int = 5) -> list[dict]:
+def audit_reconfigurations(
+    entries: list[dict], records: list[dict], *, run_start_samples: float = 0.0, settle_steps: int = 5
+) -> list[dict]:
     """Each reconfiguration entry (step, samples, from, to, ...) with, added:
     `predicted_efficiency_gain` (the controller's SE(to.gbs)/SE(from.gbs), None when the decision
     did not carry it), `realized_efficiency_gain` (ρ̂ of `realized_gain` for a change of GBS, its
@@ -206,8 +235,13 @@ def audit_reconfigurations(entries: list[dict], records: list[dict], *, run_star
     switches = sorted(float(e["samples"]) for e in entries if _changes_gbs(e) and e.get("samples") is not None)
     out = []
     for entry in entries:
-        audited = {**entry, "predicted_efficiency_gain": _predicted(entry, records), "realized_efficiency_gain": None,
-                   "realized_efficiency_interval": None, "audit_points": None}
+        audited = {
+            **entry,
+            "predicted_efficiency_gain": _predicted(entry, records),
+            "realized_efficiency_gain": None,
+            "realized_efficiency_interval": None,
+            "audit_points": None,
+        }
         if not _changes_gbs(entry) or entry.get("samples") is None:
             audited["audit_note"] = "no change of GBS: nothing to audit"
             out.append(audited)
@@ -216,10 +250,20 @@ def audit_reconfigurations(entries: list[dict], records: list[dict], *, run_star
         previous = max([s for s in switches if s < at], default=None)
         start = run_start_samples if previous is None else max(previous, run_start_samples)
         end = min([s for s in switches if s > at], default=None)
-        est = realized_gain(samples, loss, at, start=start, end=end, settle_steps=settle_steps,
-                            settle_before=settle_steps if previous is not None and previous >= start else 0)
-        audited.update(realized_efficiency_gain=est.rho, audit_note=est.note,
-                       realized_efficiency_interval=list(est.interval) if est.interval else None,
-                       audit_points={"before": est.n_before, "after": est.n_after})
+        est = realized_gain(
+            samples,
+            loss,
+            at,
+            start=start,
+            end=end,
+            settle_steps=settle_steps,
+            settle_before=settle_steps if previous is not None and previous >= start else 0,
+        )
+        audited.update(
+            realized_efficiency_gain=est.rho,
+            audit_note=est.note,
+            realized_efficiency_interval=list(est.interval) if est.interval else None,
+            audit_points={"before": est.n_before, "after": est.n_after},
+        )
         out.append(audited)
     return out

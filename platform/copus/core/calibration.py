@@ -100,24 +100,25 @@ def critical_batch_of(e_min: float, s_min: float) -> float:
 @dataclass(frozen=True)
 class BranchFit:
     """One branch point's sweep, fitted."""
-    val_loss: float                 # validation loss at the branch point
-    decrement: float                # the loss drop every continuation ran to
-    samples_seen: int               # samples of the reference run at the branch point
-    gbs: list[int]                  # the grid
-    mean_samples: list[float]       # E(B): samples to the decrement, mean over seeds
-    sd_samples: list[float]         # their spread over seeds
-    efficiency: list[float]         # measured SE(B) = E(B0)/E(B)
+
+    val_loss: float  # validation loss at the branch point
+    decrement: float  # the loss drop every continuation ran to
+    samples_seen: int  # samples of the reference run at the branch point
+    gbs: list[int]  # the grid
+    mean_samples: list[float]  # E(B): samples to the decrement, mean over seeds
+    sd_samples: list[float]  # their spread over seeds
+    efficiency: list[float]  # measured SE(B) = E(B0)/E(B)
     b_crit: float
-    b_crit_low: float               # 95% bootstrap interval over seeds
+    b_crit_low: float  # 95% bootstrap interval over seeds
     b_crit_high: float
     e_min: float
     s_min: float
-    chi2_p: float                   # goodness of the linear fit
+    chi2_p: float  # goodness of the linear fit
     fit_ok: bool
-    b_noise: float = float("nan")        # measured at the branch weights, raw gradients
-    b_noise_adam: float = float("nan")   # ... gradients divided by Adam's sqrt(v_hat) + eps
-    b_noise_run: float = float("nan")    # the reference run's smoothed estimate there (what a controller sees)
-    c: float = float("nan")              # b_crit / b_noise_run: the factor the planner applies to its live estimate
+    b_noise: float = float("nan")  # measured at the branch weights, raw gradients
+    b_noise_adam: float = float("nan")  # ... gradients divided by Adam's sqrt(v_hat) + eps
+    b_noise_run: float = float("nan")  # the reference run's smoothed estimate there (what a controller sees)
+    c: float = float("nan")  # b_crit / b_noise_run: the factor the planner applies to its live estimate
 
     @property
     def level(self) -> float:
@@ -155,7 +156,7 @@ def _chi2_p(gbs: np.ndarray, mean: np.ndarray, sd: np.ndarray, e_min: float, s_m
     rel_sd = np.maximum(sd / mean, MIN_REL_SD) / math.sqrt(max(n_seeds, 1))
     resid = (mean - (e_min + s_min * gbs)) / mean / rel_sd
     dof = max(len(gbs) - 2, 1)
-    return float(stats.chi2.sf(float(np.sum(resid ** 2)), dof))
+    return float(stats.chi2.sf(float(np.sum(resid**2)), dof))
 
 
 def _bootstrap_interval(gbs: np.ndarray, by_seed: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
@@ -168,8 +169,9 @@ def _bootstrap_interval(gbs: np.ndarray, by_seed: list[np.ndarray], rng: np.rand
     return float(low), float(high)
 
 
-def fit_branch(val_loss: float, decrement: float, samples_seen: int, points: dict[int, list[float]], b0: float,
-               seed: int = 0) -> BranchFit:
+def fit_branch(
+    val_loss: float, decrement: float, samples_seen: int, points: dict[int, list[float]], b0: float, seed: int = 0
+) -> BranchFit:
     """Fit one branch point from {gbs: [samples to the decrement, one per seed]}. GBS values
     whose every seed failed to reach the decrement are left out of the fit (they are in the
     points list with NaN)."""
@@ -184,22 +186,38 @@ def fit_branch(val_loss: float, decrement: float, samples_seen: int, points: dic
     e_min, s_min = fit_linear_e(gbs, mean)
     low, high = _bootstrap_interval(gbs, by_seed, np.random.default_rng(seed))
     p = _chi2_p(gbs, mean, sd, e_min, s_min, min(len(s) for s in by_seed))
-    return BranchFit(val_loss, decrement, samples_seen, [int(b) for b in gbs], mean.tolist(), sd.tolist(),
-                     _efficiency_curve(gbs, mean, b0).tolist(), critical_batch_of(e_min, s_min), low, high,
-                     e_min, s_min, p, p >= FIT_P_MIN)
+    return BranchFit(
+        val_loss,
+        decrement,
+        samples_seen,
+        [int(b) for b in gbs],
+        mean.tolist(),
+        sd.tolist(),
+        _efficiency_curve(gbs, mean, b0).tolist(),
+        critical_batch_of(e_min, s_min),
+        low,
+        high,
+        e_min,
+        s_min,
+        p,
+        p >= FIT_P_MIN,
+    )
 
 
 def with_noise_scales(fit: BranchFit, b_noise: float, b_noise_adam: float, b_noise_run: float) -> BranchFit:
     c = fit.b_crit / b_noise_run if b_noise_run > 0 and math.isfinite(b_noise_run) else float("nan")
-    return BranchFit(**{**asdict(fit), "b_noise": b_noise, "b_noise_adam": b_noise_adam, "b_noise_run": b_noise_run,
-                        "c": c})
+    return BranchFit(
+        **{**asdict(fit), "b_noise": b_noise, "b_noise_adam": b_noise_adam, "b_noise_run": b_noise_run, "c": c}
+    )
 
 
 # --- mappings from the live noise scale to efficiency -----------------------------------------
 
+
 @dataclass(frozen=True)
 class NoiseScaleMapping:
     """The configured mapping: critical batch = critical_factor × B_noise; SE in `form`."""
+
     form: str = "pollux"
     critical_factor: float = 2.0
     source: str = "configured"
@@ -228,10 +246,11 @@ def _log_interp(x: np.ndarray, xs: list[float], ys: list[float]) -> np.ndarray:
 class CalibratedMapping:
     """The measured mapping. Branches sorted by progress (falling loss); between two branch
     levels the SE curves (and c) are interpolated linearly in the loss, held beyond the ends."""
+
     branches: tuple[BranchFit, ...]
     b0: float
     source: str = "calibration"
-    fallback_factor: float = 2.0   # c where no branch measured one (no noise estimate there)
+    fallback_factor: float = 2.0  # c where no branch measured one (no noise estimate there)
 
     def _weights(self, loss: float) -> list[tuple[BranchFit, float]]:
         bs = sorted(self.branches, key=lambda b: -b.level)
@@ -263,8 +282,10 @@ class CalibratedMapping:
 
     def _branch_efficiency(self, branch: BranchFit, b_noise: float, b0: float, gbs: np.ndarray) -> np.ndarray:
         if not branch.fit_ok:
-            return _log_interp(gbs, branch.gbs, branch.efficiency) / _log_interp(np.array([b0]), branch.gbs,
-                                                                                   branch.efficiency)[0]
+            return (
+                _log_interp(gbs, branch.gbs, branch.efficiency)
+                / _log_interp(np.array([b0]), branch.gbs, branch.efficiency)[0]
+            )
         b_crit = self._branch_b_crit(branch, b_noise)
         if math.isinf(b_crit):
             return np.ones_like(gbs, dtype=float)
@@ -285,19 +306,26 @@ def mapping_from_calibration(data: dict, b0: float, fallback_factor: float) -> C
 @dataclass
 class CalibrationResult:
     """What `copus calibrate` writes (calibration-<id>.json) and prints with --json."""
+
     key: dict
     reference_gbs: int
     decrement: float
     branch_points: list[BranchFit]
-    points: list[dict] = field(default_factory=list)   # every continuation run
+    points: list[dict] = field(default_factory=list)  # every continuation run
     wall_clock_s: float = 0.0
 
     def as_dict(self, cal_id: str) -> dict:
-        return {"id": cal_id, "key": self.key, "reference_gbs": self.reference_gbs, "decrement": self.decrement,
-                "branch_points": [b.as_dict() for b in self.branch_points], "points": self.points,
-                "wall_clock_s": self.wall_clock_s,
-                "all_fits_ok": all(b.fit_ok for b in self.branch_points),
-                "b_crit_growth": _growth([b.b_crit for b in self.branch_points])}
+        return {
+            "id": cal_id,
+            "key": self.key,
+            "reference_gbs": self.reference_gbs,
+            "decrement": self.decrement,
+            "branch_points": [b.as_dict() for b in self.branch_points],
+            "points": self.points,
+            "wall_clock_s": self.wall_clock_s,
+            "all_fits_ok": all(b.fit_ok for b in self.branch_points),
+            "b_crit_growth": _growth([b.b_crit for b in self.branch_points]),
+        }
 
 
 def _growth(values: list[float]) -> float | None:

@@ -29,9 +29,10 @@ def two_batch_estimates(sq_small: float, b_small: float, sq_big: float, b_big: f
 @dataclass
 class GNSState:
     """Everything needed to continue the estimate after a restart (saved with checkpoints)."""
+
     ema_sqr: float = 0.0
     ema_var: float = 0.0
-    weight: float = 0.0       # sum of EMA weights, for bias correction
+    weight: float = 0.0  # sum of EMA weights, for bias correction
     updates: int = 0
     skipped_nonfinite: int = 0
 
@@ -43,8 +44,9 @@ class GNSEstimator:
     larger batch (which carries more information) moves the average further (AdaptDL).
     """
 
-    def __init__(self, reference_gbs: int, smoothing: float = 0.999, critical_factor: float = 2.0,
-                 state: GNSState | None = None):
+    def __init__(
+        self, reference_gbs: int, smoothing: float = 0.999, critical_factor: float = 2.0, state: GNSState | None = None
+    ):
         if not 0.0 < smoothing < 1.0:
             raise ValueError(f"gns.smoothing must be in (0, 1), got {smoothing}")
         self.reference_gbs = reference_gbs
@@ -98,8 +100,13 @@ class GNSEstimator:
         return statistical_efficiency(self.b_noise, self.reference_gbs, gbs)
 
     def summary(self, gbs: float) -> dict[str, float]:
-        return {"gns_sqr": self.grad_sqr, "gns_var": self.grad_var, "b_noise": self.b_noise,
-                "critical_batch_size": self.critical_batch_size, "statistical_efficiency": self.efficiency(gbs)}
+        return {
+            "gns_sqr": self.grad_sqr,
+            "gns_var": self.grad_var,
+            "b_noise": self.b_noise,
+            "critical_batch_size": self.critical_batch_size,
+            "statistical_efficiency": self.efficiency(gbs),
+        }
 
     def state_dict(self) -> dict:
         return asdict(self.state)

@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 GB = 1e9
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class AcceleratorSpec:
     name: str
-    peak_bf16_flops: float      # dense matrix-multiply peak, FLOP/s
-    memory_bytes: float         # device memory (HBM)
-    memory_bandwidth: float     # HBM bytes/s
+    peak_bf16_flops: float  # dense matrix-multiply peak, FLOP/s
+    memory_bytes: float  # device memory (HBM)
+    memory_bandwidth: float  # HBM bytes/s
     # Model-FLOPs utilisation of a transformer micro-batch as a function of the tokens each rank
     # processes in it (w = mbs x seq_len / tp):  MFU(w) = mfu_max x w / (w + mfu_half_tokens).
     # Small micro-batches leave the matrix units idle (launch and memory bound); large ones
@@ -36,9 +36,9 @@ class NodeSpec:
     name: str
     accelerator: AcceleratorSpec
     accelerators_per_node: int
-    intra_node_bandwidth: float    # bytes/s per accelerator per direction to its peers (NVLink / Infinity Fabric)
+    intra_node_bandwidth: float  # bytes/s per accelerator per direction to its peers (NVLink / Infinity Fabric)
     intra_node_latency_s: float
-    inter_node_bandwidth: float    # bytes/s per accelerator per direction across nodes (its share of the NICs)
+    inter_node_bandwidth: float  # bytes/s per accelerator per direction across nodes (its share of the NICs)
     inter_node_latency_s: float
     runtime_overhead_bytes: float  # CUDA/ROCm context, communicator buffers: memory never available to tensors
     source: str = ""
@@ -52,27 +52,49 @@ class NodeSpec:
 # 2024); MI200-series training reports are lower (30-40%, ROCm Megatron/DeepSpeed ports). The
 # half-saturation points are our assumption (about one 2k-token sequence per rank on H100,
 # less on the slower MI210, which saturates sooner); both are plain fields to override.
-H100_SXM = AcceleratorSpec("NVIDIA H100 SXM5 80GB", peak_bf16_flops=989.4e12, memory_bytes=80 * GB,
-                           memory_bandwidth=3.35e12, mfu_max=0.50, mfu_half_tokens=2048.0)
-MI210 = AcceleratorSpec("AMD Instinct MI210 64GB", peak_bf16_flops=181.0e12, memory_bytes=64 * GB,
-                        memory_bandwidth=1.6384e12, mfu_max=0.38, mfu_half_tokens=1024.0)
+H100_SXM = AcceleratorSpec(
+    "NVIDIA H100 SXM5 80GB",
+    peak_bf16_flops=989.4e12,
+    memory_bytes=80 * GB,
+    memory_bandwidth=3.35e12,
+    mfu_max=0.50,
+    mfu_half_tokens=2048.0,
+)
+MI210 = AcceleratorSpec(
+    "AMD Instinct MI210 64GB",
+    peak_bf16_flops=181.0e12,
+    memory_bytes=64 * GB,
+    memory_bandwidth=1.6384e12,
+    mfu_max=0.38,
+    mfu_half_tokens=1024.0,
+)
 
 NODES: dict[str, NodeSpec] = {
     "h100-sxm-8": NodeSpec(
-        "8x H100 SXM5 (DGX/HGX H100)", H100_SXM, 8,
+        "8x H100 SXM5 (DGX/HGX H100)",
+        H100_SXM,
+        8,
         # NVLink 4 through NVSwitch: 900 GB/s bidirectional per GPU.
-        intra_node_bandwidth=450 * GB, intra_node_latency_s=3e-6,
+        intra_node_bandwidth=450 * GB,
+        intra_node_latency_s=3e-6,
         # One 400 Gb/s NDR InfiniBand NIC per GPU.
-        inter_node_bandwidth=50 * GB, inter_node_latency_s=5e-6,
+        inter_node_bandwidth=50 * GB,
+        inter_node_latency_s=5e-6,
         runtime_overhead_bytes=2 * GIB,
-        source="NVIDIA H100 Tensor Core GPU datasheet; DGX H100 user guide"),
+        source="NVIDIA H100 Tensor Core GPU datasheet; DGX H100 user guide",
+    ),
     "mi210-8": NodeSpec(
-        "8x MI210 (two Infinity Fabric hives of 4)", MI210, 8,
+        "8x MI210 (two Infinity Fabric hives of 4)",
+        MI210,
+        8,
         # Infinity Fabric Link bridge: 3 links x 100 GB/s (peer-to-peer, bidirectional) within a hive of 4;
         # the two hives meet over PCIe 4.0 x16 (32 GB/s per direction), which bounds a ring over all 8.
-        intra_node_bandwidth=32 * GB, intra_node_latency_s=5e-6,
+        intra_node_bandwidth=32 * GB,
+        intra_node_latency_s=5e-6,
         # One 200 Gb/s HDR InfiniBand NIC per two GPUs (typical for such nodes; set your own).
-        inter_node_bandwidth=12.5 * GB, inter_node_latency_s=5e-6,
+        inter_node_bandwidth=12.5 * GB,
+        inter_node_latency_s=5e-6,
         runtime_overhead_bytes=2 * GIB,
-        source="AMD Instinct MI210 datasheet; interconnect per node as commonly deployed"),
+        source="AMD Instinct MI210 datasheet; interconnect per node as commonly deployed",
+    ),
 }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ModelShape:
     """What layout rules, memory and throughput models need to know of a decoder model."""
+
     n_layers: int
     n_heads: int
     n_kv_heads: int
@@ -72,14 +73,29 @@ def bubble_fraction(pp: int, microbatches: int) -> float:
     return (pp - 1) / (microbatches + pp - 1)
 
 
-def layout_problems(dp: int, tp: int, pp: int, shape: ModelShape, world_size: int | None = None,
-                    gbs: int | None = None, mbs: int | None = None) -> list[tuple[str, str]]:
+def layout_problems(
+    dp: int,
+    tp: int,
+    pp: int,
+    shape: ModelShape,
+    world_size: int | None = None,
+    gbs: int | None = None,
+    mbs: int | None = None,
+) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     if world_size is not None and dp * tp * pp != world_size:
-        problems.append(("cluster.num_workers", f"{world_size} does not match the layout parallel.dp x tp x pp = "
-                                                f"{dp} x {tp} x {pp} = {dp * tp * pp}"))
-    for what, size in (("attention heads", shape.n_heads), ("KV heads", shape.n_kv_heads),
-                       ("MLP width", shape.ffn_dim), ("vocabulary", shape.vocab_size)):
+        problems.append(
+            (
+                "cluster.num_workers",
+                f"{world_size} does not match the layout parallel.dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}",
+            )
+        )
+    for what, size in (
+        ("attention heads", shape.n_heads),
+        ("KV heads", shape.n_kv_heads),
+        ("MLP width", shape.ffn_dim),
+        ("vocabulary", shape.vocab_size),
+    ):
         if size % tp:
             problems.append(("parallel.tp", f"{tp} does not divide the model's {size} {what}"))
             break
@@ -88,12 +104,22 @@ def layout_problems(dp: int, tp: int, pp: int, shape: ModelShape, world_size: in
     if pp > 1 and shape.tie_embeddings:
         # The first stage holds the embedding, the last the head: one shared weight cannot be
         # on both (Megatron all-reduces their gradients; not implemented here).
-        problems.append(("parallel.pp", f"{pp} stages: the model ties its input and output embeddings, which "
-                                        "pipeline stages would untie (use pp = 1)"))
+        problems.append(
+            (
+                "parallel.pp",
+                f"{pp} stages: the model ties its input and output embeddings, which "
+                "pipeline stages would untie (use pp = 1)",
+            )
+        )
     if gbs is not None and mbs is not None:
         if gbs % (dp * mbs):
             problems.append(("batch.gbs", f"{gbs} is not divisible by parallel.dp x batch.mbs = {dp} x {mbs}"))
         elif pp > 1 and gbs // (dp * mbs) < pp:
-            problems.append(("batch.gbs", f"{gbs} gives {gbs // (dp * mbs)} micro-batches per replica "
-                                          f"(gbs / (dp x mbs)), fewer than the {pp} pipeline stages"))
+            problems.append(
+                (
+                    "batch.gbs",
+                    f"{gbs} gives {gbs // (dp * mbs)} micro-batches per replica "
+                    f"(gbs / (dp x mbs)), fewer than the {pp} pipeline stages",
+                )
+            )
     return problems

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 from copus.core.layout import ModelShape, stage_layer_ranges
 
-GIB = 1024 ** 3
+GIB = 1024**3
 FP32 = 4
 ADAM_STATE_BYTES = 2 * FP32  # exp_avg and exp_avg_sq per parameter
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    stage: int            # the pipeline stage that needs the most memory
+    stage: int  # the pipeline stage that needs the most memory
     params: float
     grads: float
     optimizer: float
@@ -47,8 +47,15 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
     def as_dict(self) -> dict:
-        return {"stage": self.stage, "params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "buffers": self.buffers, "total": self.total}
+        return {
+            "stage": self.stage,
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "buffers": self.buffers,
+            "total": self.total,
+        }
 
 
 def stage_params_per_rank(shape: ModelShape, tp: int, pp: int, stage: int) -> float:
@@ -79,18 +86,38 @@ def microbatches_in_flight(pp: int, stage: int, m: int, schedule: str) -> int:
     return min(m, pp - stage)
 
 
-def bytes_per_rank(shape: ModelShape, dp: int, tp: int, pp: int, mbs: int, m: int, seq_len: int,
-                   schedule: str = "1f1b", act_bytes: int = FP32, shard_optimizer: bool = False,
-                   overhead_bytes: float = 0.0) -> MemoryBreakdown:
+def bytes_per_rank(
+    shape: ModelShape,
+    dp: int,
+    tp: int,
+    pp: int,
+    mbs: int,
+    m: int,
+    seq_len: int,
+    schedule: str = "1f1b",
+    act_bytes: int = FP32,
+    shard_optimizer: bool = False,
+    overhead_bytes: float = 0.0,
+) -> MemoryBreakdown:
     """Memory of the most loaded rank of the layout (the maximum over pipeline stages)."""
     worst: MemoryBreakdown | None = None
     for stage in range(pp):
         n = stage_params_per_rank(shape, tp, pp, stage)
-        acts = (microbatches_in_flight(pp, stage, m, schedule) * mbs * seq_len
-                * activation_bytes_per_token(shape, tp, pp, stage, act_bytes))
+        acts = (
+            microbatches_in_flight(pp, stage, m, schedule)
+            * mbs
+            * seq_len
+            * activation_bytes_per_token(shape, tp, pp, stage, act_bytes)
+        )
         bucket = n * FP32 if dp > 1 else 0.0
-        b = MemoryBreakdown(stage, n * FP32, n * FP32, n * ADAM_STATE_BYTES / (dp if shard_optimizer else 1),
-                            acts, bucket + overhead_bytes)
+        b = MemoryBreakdown(
+            stage,
+            n * FP32,
+            n * FP32,
+            n * ADAM_STATE_BYTES / (dp if shard_optimizer else 1),
+            acts,
+            bucket + overhead_bytes,
+        )
         if worst is None or b.total > worst.total:
             worst = b
     assert worst is not None
@@ -102,8 +129,10 @@ def fits(breakdown: MemoryBreakdown, device_bytes: float, margin: float) -> tupl
     usable = device_bytes * (1.0 - margin)
     if breakdown.total <= usable:
         return True, ""
-    return False, (f"memory model: {breakdown.total / GIB:.2f} GiB per rank (stage {breakdown.stage}: params "
-                   f"{breakdown.params / GIB:.2f}, grads {breakdown.grads / GIB:.2f}, optimizer "
-                   f"{breakdown.optimizer / GIB:.2f}, activations {breakdown.activations / GIB:.2f}, buffers "
-                   f"{breakdown.buffers / GIB:.2f}) > {usable / GIB:.2f} GiB usable "
-                   f"({device_bytes / GIB:.2f} GiB less {margin:.0%} margin)")
+    return False, (
+        f"memory model: {breakdown.total / GIB:.2f} GiB per rank (stage {breakdown.stage}: params "
+        f"{breakdown.params / GIB:.2f}, grads {breakdown.grads / GIB:.2f}, optimizer "
+        f"{breakdown.optimizer / GIB:.2f}, activations {breakdown.activations / GIB:.2f}, buffers "
+        f"{breakdown.buffers / GIB:.2f}) > {usable / GIB:.2f} GiB usable "
+        f"({device_bytes / GIB:.2f} GiB less {margin:.0%} margin)"
+    )

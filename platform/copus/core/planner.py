@@ -46,8 +46,9 @@ def change_kind(a: Config, b: Config) -> str:
 @dataclass(frozen=True)
 class SwitchCosts:
     """Seconds of training a switch costs, by what it changes (a GBS change costs nothing)."""
-    layout_s: float      # another (dp, tp, pp): an in-place reshard, or a worker-group restart
-    mbs_s: float = 0.0   # another MBS in the same layout: a pipeline schedule rebuild, or a restart
+
+    layout_s: float  # another (dp, tp, pp): an in-place reshard, or a worker-group restart
+    mbs_s: float = 0.0  # another MBS in the same layout: a pipeline schedule rebuild, or a restart
 
     def of(self, a: Config, b: Config) -> float:
         return {"layout": self.layout_s, "mbs": self.mbs_s}.get(change_kind(a, b), 0.0)
@@ -56,13 +57,17 @@ class SwitchCosts:
 @dataclass(frozen=True)
 class Scored:
     config: Config
-    throughput: float   # samples/s predicted
-    efficiency: float   # SE(gbs)
+    throughput: float  # samples/s predicted
+    efficiency: float  # SE(gbs)
     goodput: float
 
     def as_dict(self) -> dict:
-        return {"config": self.config.__dict__, "throughput": self.throughput, "efficiency": self.efficiency,
-                "goodput": self.goodput}
+        return {
+            "config": self.config.__dict__,
+            "throughput": self.throughput,
+            "efficiency": self.efficiency,
+            "goodput": self.goodput,
+        }
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,8 @@ class Decision:
     current: Scored
     best: Scored
     switch: bool
-    kind: str              # what the move changes: change_kind(current, best)
-    cost_s: float          # its switching cost
+    kind: str  # what the move changes: change_kind(current, best)
+    cost_s: float  # its switching cost
     predicted_gain: float  # best goodput / current goodput - 1
     reason: str
 
@@ -81,8 +86,16 @@ class Decision:
 
 
 class Planner:
-    def __init__(self, candidates: list[Config], throughput: Callable[[list[Config]], np.ndarray], b0: int,
-                 form: str = "pollux", critical_factor: float = 2.0, threshold: float = 0.10, mapping=None):
+    def __init__(
+        self,
+        candidates: list[Config],
+        throughput: Callable[[list[Config]], np.ndarray],
+        b0: int,
+        form: str = "pollux",
+        critical_factor: float = 2.0,
+        threshold: float = 0.10,
+        mapping=None,
+    ):
         """`mapping` (a `copus.core.calibration` mapping) turns the live noise scale into SE and a
         critical batch; by default c × B_noise in `form` with `critical_factor`."""
         if not candidates:
@@ -111,8 +124,13 @@ class Planner:
         se = float(self._efficiency(b_noise, loss)[i])
         return Scored(cfg, float(self.throughputs[i]), se, float(self.throughputs[i]) * se)
 
-    def best(self, b_noise: float, allowed: Callable[[Config], bool] | None = None,
-             by: str = "goodput", loss: float = float("nan")) -> Scored:
+    def best(
+        self,
+        b_noise: float,
+        allowed: Callable[[Config], bool] | None = None,
+        by: str = "goodput",
+        loss: float = float("nan"),
+    ) -> Scored:
         """The best candidate by goodput (or by throughput alone), among `allowed` ones."""
         values = self.goodputs(b_noise, loss) if by == "goodput" else self.throughputs.copy()
         if allowed is not None:
@@ -122,13 +140,24 @@ class Planner:
             values = np.where(mask, values, -np.inf)
         return self.score(self.candidates[int(np.argmax(values))], b_noise, loss)
 
-    def decide(self, current: Config, b_noise: float, interval_s: float, costs: SwitchCosts,
-               allowed: Callable[[Config], bool] | None = None, target: Config | None = None,
-               loss: float = float("nan")) -> Decision:
+    def decide(
+        self,
+        current: Config,
+        b_noise: float,
+        interval_s: float,
+        costs: SwitchCosts,
+        allowed: Callable[[Config], bool] | None = None,
+        target: Config | None = None,
+        loss: float = float("nan"),
+    ) -> Decision:
         """Whether to move from `current`, and where: the candidate with the most goodput over
         the next interval net of its switching cost (or the policy's `target`). `loss`: the
         run's progress (latest validation loss), for a mapping that depends on it."""
-        now = self.score(current, b_noise, loss) if current in self.index else Scored(current, float("nan"), float("nan"), 0.0)
+        now = (
+            self.score(current, b_noise, loss)
+            if current in self.index
+            else Scored(current, float("nan"), float("nan"), 0.0)
+        )
         chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput criterion
         if target is None:
             goodput = self.goodputs(b_noise, loss)
@@ -145,18 +174,37 @@ class Planner:
         if chosen_by_policy:  # a baseline's own rule (cbs: follow c x B_noise) is followed, not weighed
             return Decision(now, best, True, kind, cost, gain, "the policy's rule")
         if gain < self.threshold:
-            return Decision(now, best, False, kind, cost, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold")
+            return Decision(
+                now, best, False, kind, cost, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold"
+            )
         if best.goodput * max(interval_s - cost, 0.0) <= now.goodput * interval_s:
-            return Decision(now, best, False, kind, cost, gain,
-                            f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s")
+            return Decision(
+                now,
+                best,
+                False,
+                kind,
+                cost,
+                gain,
+                f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s",
+            )
         return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")
 
 
-def planner_for(throughputs: dict[Config, float], b0: int, form: str, critical_factor: float, threshold: float,
-                calibration: dict | None = None) -> Planner:
+def planner_for(
+    throughputs: dict[Config, float],
+    b0: int,
+    form: str,
+    critical_factor: float,
+    threshold: float,
+    calibration: dict | None = None,
+) -> Planner:
     """The planner over a profiled search space ({config: samples/s}), with the calibrated
     efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`."""
-    mapping = (mapping_from_calibration(calibration, b0, critical_factor) if calibration is not None
-               else NoiseScaleMapping(form, critical_factor))
-    return Planner(list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], b0, form, critical_factor,
-                   threshold, mapping)
+    mapping = (
+        mapping_from_calibration(calibration, b0, critical_factor)
+        if calibration is not None
+        else NoiseScaleMapping(form, critical_factor)
+    )
+    return Planner(
+        list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], b0, form, critical_factor, threshold, mapping
+    )

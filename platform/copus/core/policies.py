@@ -13,6 +13,9 @@ changes and restarts) except two choices: where to start and what to move to.
                    evidence through the same mapping.
 - cbs-pessimistic: as cbs, with the layout and MBS of best throughput at the initial GBS.
 - cbs-optimistic:  as cbs, with the layout and MBS of best throughput at the largest GBS.
+- copus-gbs:       an ablation of copus: starts where copus starts and chooses the GBS by
+                   goodput exactly as copus does, but keeps that layout and MBS for the whole
+                   run. copus − copus-gbs is the gain of co-adapting the layout and MBS.
 
 Pure: no torch, no ray.
 """
@@ -22,9 +25,8 @@ from __future__ import annotations
 import math
 
 from copus.core.planner import Decision, Planner, SwitchCosts, same_shape
+from copus.core.policy_names import ADAPTIVE, DEFAULT_SUITE, POLICIES, PolicyName  # noqa: F401 - re-exported
 from copus.core.throughput import Config
-
-POLICIES = ("copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic")
 
 
 def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
@@ -37,10 +39,10 @@ def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
 
 def initial_config(policy: str, planner: Planner, start: Config, static_layout: str = "given") -> Config:
     """Where a run of `policy` starts (before any gradient noise is known)."""
-    at_gbs = lambda g: (lambda c: c.gbs == g)  # noqa: E731 - a small predicate factory
+    at_gbs = lambda g: lambda c: c.gbs == g  # noqa: E731 - a small predicate factory
     if policy == "cbs" or (policy == "static" and static_layout == "given"):
         return start
-    if policy in ("copus", "static", "cbs-pessimistic"):
+    if policy in ("copus", "copus-gbs", "static", "cbs-pessimistic"):
         return planner.best(float("nan"), at_gbs(start.gbs), by="throughput").config
     if policy == "cbs-optimistic":
         largest = max(c.gbs for c in planner.candidates)
@@ -49,8 +51,16 @@ def initial_config(policy: str, planner: Planner, start: Config, static_layout: 
     raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")
 
 
-def decide(policy: str, planner: Planner, current: Config, b_noise: float, critical_factor: float,
-           interval_s: float, costs: SwitchCosts, loss: float = float("nan")) -> Decision | None:
+def decide(
+    policy: str,
+    planner: Planner,
+    current: Config,
+    b_noise: float,
+    critical_factor: float,
+    interval_s: float,
+    costs: SwitchCosts,
+    loss: float = float("nan"),
+) -> Decision | None:
     """The policy's decision now, or None when it has nothing to decide. `loss` is the run's
     progress (latest validation loss). `critical_factor` is kept for callers of the old
     signature; the critical batch comes from the planner's mapping, which holds the factor."""
@@ -58,6 +68,8 @@ def decide(policy: str, planner: Planner, current: Config, b_noise: float, criti
         return None
     if policy == "copus":
         return planner.decide(current, b_noise, interval_s, costs, loss=loss)
+    if policy == "copus-gbs":
+        return planner.decide(current, b_noise, interval_s, costs, allowed=lambda c: same_shape(c, current), loss=loss)
     if policy.startswith("cbs"):
         if not math.isfinite(b_noise) or b_noise <= 0:
             return None

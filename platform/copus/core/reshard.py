@@ -55,16 +55,17 @@ class Transfer:
     src: int
     dst: int
     key: str
-    piece: Box     # in global coordinates
-    held: Box      # the box the sender holds (to slice the piece out of it)
-    needed: Box    # the box the receiver holds in the new layout (to place the piece in it)
+    piece: Box  # in global coordinates
+    held: Box  # the box the sender holds (to slice the piece out of it)
+    needed: Box  # the box the receiver holds in the new layout (to place the piece in it)
 
 
 Holdings = dict[str, Box]  # one rank's: state key -> the box of the global tensor it holds
 
 
-def plan_transfers(held: list[Holdings], needed: list[Holdings], itemsize: dict[str, int],
-                   round_bytes: int = 256 << 20) -> list[list[Transfer]]:
+def plan_transfers(
+    held: list[Holdings], needed: list[Holdings], itemsize: dict[str, int], round_bytes: int = 256 << 20
+) -> list[list[Transfer]]:
     """The transfers that give every rank its `needed` boxes from the ranks' `held` boxes,
     cut into rounds of at most `round_bytes` sent and received per rank (a single piece larger
     than that gets a round of its own)."""
@@ -93,7 +94,9 @@ def plan_transfers(held: list[Holdings], needed: list[Holdings], itemsize: dict[
             if covered != box.numel:
                 # Held boxes of one key never overlap (a tensor is sharded, never split twice),
                 # so the pieces' sizes add up exactly when the box is fully covered.
-                raise ReshardError(f"{key}: rank {dst} needs {box.numel} elements, the old layout holds {covered} of them")
+                raise ReshardError(
+                    f"{key}: rank {dst} needs {box.numel} elements, the old layout holds {covered} of them"
+                )
     return _rounds(transfers, itemsize, round_bytes, len(held))
 
 

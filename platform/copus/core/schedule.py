@@ -56,6 +56,9 @@ class LRSchedule:
         adascale rule the multiplier is √r of AdaScale's gain r for AdamW
         (`copus.core.efficiency.adascale_gain`, `adascale_lr_multiplier`; 1 until the noise scale
         is known), which warm-up and decay then shape as for the others."""
-        scale = adascale_lr_multiplier(gain if gain is not None else 1.0) if self.scaling == "adascale" else \
-            batch_scale(self.scaling, gbs, self.reference_gbs)
+        scale = (
+            adascale_lr_multiplier(gain if gain is not None else 1.0)
+            if self.scaling == "adascale"
+            else batch_scale(self.scaling, gbs, self.reference_gbs)
+        )
         return self.base_lr * scale * self.shape(samples_seen)

@@ -35,8 +35,9 @@ def valid_layouts(world: int, shape: ModelShape) -> list[tuple[int, int, int]]:
     return out
 
 
-def candidates(layouts: list[tuple[int, int, int]], mbs_values: list[int], gbs_values: list[int],
-               shape: ModelShape) -> list[Config]:
+def candidates(
+    layouts: list[tuple[int, int, int]], mbs_values: list[int], gbs_values: list[int], shape: ModelShape
+) -> list[Config]:
     """Every configuration of the layouts × MBS × GBS grid that divides evenly with m ≥ pp."""
     out = []
     for dp, tp, pp in layouts:
@@ -57,19 +58,25 @@ def spread(values: list[int], count: int) -> list[int]:
     return [values[i] for i in idx]
 
 
-def profile_points(cands: list[Config], per_shape: int) -> list[Config]:
+def profile_points(cands: list[Config], per_shape: int, max_microbatches: int | None = None) -> list[Config]:
     """Which candidates to measure, in the order to measure them: for each (layout, MBS), up
     to `per_shape` GBS values spread over its range (the model predicts the others; two
-    determine the line in m, a third checks it). Ordered so that a budget cut short still
+    determine the line in m, a third checks it). With `max_microbatches`, only GBS values
+    of at most that many micro-batches per step are measured (at least the shape's smallest):
+    step time is linear in m, so a point of hundreds of micro-batches costs minutes of budget
+    and tells the model nothing two shorter ones do not. Ordered so that a budget cut short still
     covers every layout and MBS: first each shape's smallest GBS, then its largest, then the
     middle ones; grouped by layout within each round so a worker group builds each layout once
     per round."""
     by_shape: dict[tuple, list[Config]] = {}
     for c in cands:
         by_shape.setdefault((c.dp, c.tp, c.pp, c.mbs), []).append(c)
-    picked = {key: spread(sorted(v, key=lambda c: c.gbs), per_shape) for key, v in by_shape.items()}
+    picked = {
+        key: spread(_measurable(sorted(v, key=lambda c: c.gbs), max_microbatches), per_shape)
+        for key, v in by_shape.items()
+    }
     rounds: list[list[Config]] = []
-    for key, chosen in picked.items():
+    for chosen in picked.values():
         # Round 0: smallest, round 1: largest, then the rest.
         ordered = [chosen[0]] + ([chosen[-1]] if len(chosen) > 1 else []) + chosen[1:-1]
         for r, c in enumerate(ordered):
@@ -77,3 +84,10 @@ def profile_points(cands: list[Config], per_shape: int) -> list[Config]:
                 rounds.append([])
             rounds[r].append(c)
     return [c for rnd in rounds for c in sorted(rnd, key=lambda c: (c.dp, c.tp, c.pp, c.mbs))]
+
+
+def _measurable(shape_points: list[Config], max_microbatches: int | None) -> list[Config]:
+    """A shape's points (sorted by GBS) worth measuring under the micro-batch cap."""
+    if max_microbatches is None:
+        return shape_points
+    return [c for c in shape_points if c.microbatches <= max_microbatches] or shape_points[:1]

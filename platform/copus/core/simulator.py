@@ -58,6 +58,7 @@ ADAM_BYTES_PER_PARAM = 7 * 4
 class LossCurve:
     """L(N, D) = e + a / N^alpha + b / D^beta, N parameters, D tokens (Hoffmann et al. 2022,
     the fitted values of their approach 3)."""
+
     e: float = 1.69
     a: float = 406.4
     alpha: float = 0.34
@@ -65,13 +66,14 @@ class LossCurve:
     beta: float = 0.28
 
     def loss(self, params: float, tokens: float) -> float:
-        return self.e + self.a / params ** self.alpha + self.b / max(tokens, 1.0) ** self.beta
+        return self.e + self.a / params**self.alpha + self.b / max(tokens, 1.0) ** self.beta
 
 
 @dataclass(frozen=True)
 class CriticalBatch:
     """B_crit(L) = b_star_tokens / L^(1/alpha_b) tokens (Kaplan et al. 2020, eq. 1.4:
     B* ≈ 2e8 tokens, α_B ≈ 0.21). `flat_tokens` replaces it by a constant."""
+
     b_star_tokens: float = 2.1e8
     alpha_b: float = 0.21
     flat_tokens: float | None = None
@@ -90,6 +92,7 @@ class CriticalBatch:
 class CalibratedCriticalBatch:
     """B_crit(L) measured at branch points (`copus calibrate`): linear in the loss between
     them, held at the end values beyond them. `losses` and `b_crit_tokens` pair up."""
+
     losses: tuple[float, ...]
     b_crit_tokens: tuple[float, ...]
     source: str = "calibration"
@@ -99,12 +102,17 @@ class CalibratedCriticalBatch:
             raise ValueError("calibration: branch points need a loss and a critical batch each")
 
     @classmethod
-    def from_branch_points(cls, points: list[dict], seq_len: int, source: str = "calibration") -> "CalibratedCriticalBatch":
+    def from_branch_points(
+        cls, points: list[dict], seq_len: int, source: str = "calibration"
+    ) -> "CalibratedCriticalBatch":
         """From `branch_points` entries (`val_loss`, `b_crit` in sequences; `decrement`, when
         given, places the measurement at the middle of the loss drop it ran over, as
         `copus.core.calibration.BranchFit.level`). A null `b_crit` (none measured) is left out."""
-        pairs = sorted((p["val_loss"] - p.get("decrement", 0.0) / 2, p["b_crit"] * seq_len)
-                       for p in points if p.get("b_crit") is not None)
+        pairs = sorted(
+            (p["val_loss"] - p.get("decrement", 0.0) / 2, p["b_crit"] * seq_len)
+            for p in points
+            if p.get("b_crit") is not None
+        )
         return cls(tuple(x for x, _ in pairs), tuple(y for _, y in pairs), source)
 
     def tokens(self, loss: float) -> float:
@@ -120,6 +128,7 @@ class NoiseEstimate:
     m the mapping error (how far the planner's c × B_noise is off the true critical batch),
     c the planner's critical factor, ε the estimate's relative noise: lognormal, ε = exp(σ z),
     or gaussian, ε = max(1 + σ z, 0.01), z ~ N(0, 1) from a generator seeded with `seed`."""
+
     mapping_error: float = 1.0
     noise: float = 0.0
     distribution: str = "lognormal"
@@ -136,7 +145,9 @@ class NoiseEstimate:
             return math.exp(self.noise * z)
         if self.distribution == "gaussian":
             return max(1.0 + self.noise * z, 0.01)
-        raise ValueError(f"estimate.distribution: unknown distribution {self.distribution!r} (known: lognormal, gaussian)")
+        raise ValueError(
+            f"estimate.distribution: unknown distribution {self.distribution!r} (known: lognormal, gaussian)"
+        )
 
     def b_noise(self, b_crit: float, critical_factor: float, rng: np.random.Generator) -> float:
         return b_crit * self.mapping_error * self.factor(rng) / critical_factor
@@ -149,11 +160,14 @@ class TrainingModel:
     batch (McCandlish et al. 2018, E(B) = E_min (1 + B / B_crit), B_crit at the current loss):
     nothing of the planner's form or critical factor enters, so the truth does not follow
     what the planner believes, nor depend on where a policy starts."""
+
     params: float
     seq_len: int
     curve: LossCurve = field(default_factory=LossCurve)
     critical: CriticalBatch | CalibratedCriticalBatch = field(default_factory=CriticalBatch)
-    tokens: float = 0.0   # effective tokens: tokens at a vanishingly small batch that would have brought the same progress
+    tokens: float = (
+        0.0  # effective tokens: tokens at a vanishingly small batch that would have brought the same progress
+    )
 
     @property
     def loss(self) -> float:
@@ -207,14 +221,19 @@ def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Conf
     dp_bw, dp_lat = cluster.link(cfg.dp * cfg.tp)
     pp_bw, pp_lat = cluster.link(cfg.dp * cfg.tp + 1)
     return StepTimeParams(
-        a0=a0, a1=a1,
+        a0=a0,
+        a1=a1,
         # Megatron TP: two all-reduces of the activations per layer forward, two backward.
-        c0=4 * 2 * (cfg.tp - 1) * tp_lat, c1=4 * act / tp_bw,
+        c0=4 * 2 * (cfg.tp - 1) * tp_lat,
+        c1=4 * act / tp_bw,
         # Activations forward and their gradients backward, per micro-batch.
-        p0=2 * pp_lat, p1=2 * act / pp_bw,
+        p0=2 * pp_lat,
+        p1=2 * act / pp_bw,
         # Ring all-reduce of the rank's gradients (bf16 on the wire, the model counts fp32 bytes).
-        d0=2 * (cfg.dp - 1) * dp_lat, d1=(BF16 / GRAD_BYTES) / dp_bw,
-        o0=0.005, o1=(ADAM_BYTES_PER_PARAM / GRAD_BYTES) / acc.memory_bandwidth,
+        d0=2 * (cfg.dp - 1) * dp_lat,
+        d1=(BF16 / GRAD_BYTES) / dp_bw,
+        o0=0.005,
+        o1=(ADAM_BYTES_PER_PARAM / GRAD_BYTES) / acc.memory_bandwidth,
     )
 
 
@@ -224,8 +243,18 @@ def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Config) ->
 
 def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Config, margin: float = 0.1) -> bool:
     node = cluster.node
-    need = bytes_per_rank(shape, cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.microbatches, seq_len, act_bytes=BF16,
-                          shard_optimizer=True, overhead_bytes=node.runtime_overhead_bytes)
+    need = bytes_per_rank(
+        shape,
+        cfg.dp,
+        cfg.tp,
+        cfg.pp,
+        cfg.mbs,
+        cfg.microbatches,
+        seq_len,
+        act_bytes=BF16,
+        shard_optimizer=True,
+        overhead_bytes=node.runtime_overhead_bytes,
+    )
     return fits(need, node.accelerator.memory_bytes, margin)[0]
 
 
@@ -237,6 +266,7 @@ class ReconfigurationCosts:
     set-up) plus writing and reading the whole state to and from storage, every node at
     `storage_bandwidth`. The defaults are our assumptions, sized to the magnitudes the COPUS
     paper reports (in place 30-56 s, restart 231-809 s on its clusters); override them."""
+
     in_place_fixed_s: float = 25.0
     restart_fixed_s: float = 180.0
     storage_bandwidth: float = 1e9
@@ -260,23 +290,24 @@ class ReconfigurationCosts:
 @dataclass(frozen=True)
 class Setting:
     """One simulated cluster and workload, and the policies' common knobs."""
+
     cluster: Cluster
     shape: ModelShape
     seq_len: int
-    start: Config                 # the experiment's configuration (batch.gbs, batch.mbs, its layout)
+    start: Config  # the experiment's configuration (batch.gbs, batch.mbs, its layout)
     gbs_min: int
     gbs_max: int
     mbs: tuple[int, ...]
     target_loss: float
-    form: str = "pollux"              # the planner's beliefs: SE form and critical factor
+    form: str = "pollux"  # the planner's beliefs: SE form and critical factor
     critical_factor: float = 2.0
     threshold: float = 0.10
     interval_s: float = 600.0
     reconfigure: str = "in_place"
     costs: ReconfigurationCosts = ReconfigurationCosts()
-    curve: LossCurve = LossCurve()   # the truth: loss curve and critical batch
+    curve: LossCurve = LossCurve()  # the truth: loss curve and critical batch
     critical: CriticalBatch | CalibratedCriticalBatch = CriticalBatch()
-    estimate: NoiseEstimate = NoiseEstimate()   # what the planner is told of the truth
+    estimate: NoiseEstimate = NoiseEstimate()  # what the planner is told of the truth
     max_hours: float = 24.0 * 60
     layouts: tuple[tuple[int, int, int], ...] | None = None
 
@@ -285,8 +316,11 @@ def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Config], 
     """Memory-feasible candidates and their samples/s on the modelled cluster (GBS from
     `gbs_min`, default the setting's)."""
     layouts = list(s.layouts) if s.layouts else valid_layouts(s.cluster.world, s.shape)
-    cands = [c for c in candidates(layouts, list(s.mbs), gbs_grid(gbs_min or s.gbs_min, s.gbs_max), s.shape)
-             if memory_fits(s.cluster, s.shape, s.seq_len, c)]
+    cands = [
+        c
+        for c in candidates(layouts, list(s.mbs), gbs_grid(gbs_min or s.gbs_min, s.gbs_max), s.shape)
+        if memory_fits(s.cluster, s.shape, s.seq_len, c)
+    ]
     if not cands:
         raise ValueError("no configuration of the search space fits the modelled memory")
     return cands, np.array([c.gbs / step_time(s.cluster, s.shape, s.seq_len, c) for c in cands])
@@ -295,8 +329,9 @@ def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Config], 
 def make_planner(s: Setting, cands: list[Config], throughputs: np.ndarray):
     table = dict(zip(cands, throughputs))
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
-    return planner_module.Planner(cands, lambda cfgs: [table[c] for c in cfgs], s.start.gbs, s.form,
-                                  s.critical_factor, s.threshold)
+    return planner_module.Planner(
+        cands, lambda cfgs: [table[c] for c in cfgs], s.start.gbs, s.form, s.critical_factor, s.threshold
+    )
 
 
 @dataclass
@@ -309,12 +344,19 @@ class SimResult:
     final_loss: float
     start: Config
     final: Config
-    timeline: list[dict]   # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
+    timeline: list[dict]  # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
 
     def as_dict(self) -> dict:
-        return {"time_to_target_s": self.time_to_target_s, "steps": self.steps, "samples": self.samples,
-                "reconfigurations": len(self.reconfigurations), "changes": self.reconfigurations,
-                "final_loss": self.final_loss, "start": self.start.__dict__, "final": self.final.__dict__}
+        return {
+            "time_to_target_s": self.time_to_target_s,
+            "steps": self.steps,
+            "samples": self.samples,
+            "reconfigurations": len(self.reconfigurations),
+            "changes": self.reconfigurations,
+            "final_loss": self.final_loss,
+            "start": self.start.__dict__,
+            "final": self.final.__dict__,
+        }
 
 
 def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | None = None) -> SimResult:
@@ -331,8 +373,16 @@ def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | N
     costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
     t, steps, samples, next_decision, limit = 0.0, 0, 0, s.interval_s, s.max_hours * 3600
     changes: list[dict] = []
-    timeline = [{"t": 0.0, "loss": model.loss, "b_crit": model.b_crit, "b_noise": float("nan"), "gbs": current.gbs,
-                 "layout": current.label()}]
+    timeline = [
+        {
+            "t": 0.0,
+            "loss": model.loss,
+            "b_crit": model.b_crit,
+            "b_noise": float("nan"),
+            "gbs": current.gbs,
+            "layout": current.label(),
+        }
+    ]
     while model.loss > s.target_loss and t < limit:
         t += step_times[current]
         model.step(current.gbs)
@@ -342,14 +392,31 @@ def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | N
             continue
         next_decision = t + s.interval_s
         b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
-        timeline.append({"t": t, "loss": model.loss, "b_crit": model.b_crit, "b_noise": b_noise, "gbs": current.gbs,
-                         "layout": current.label()})
+        timeline.append(
+            {
+                "t": t,
+                "loss": model.loss,
+                "b_crit": model.b_crit,
+                "b_noise": b_noise,
+                "gbs": current.gbs,
+                "layout": current.label(),
+            }
+        )
         d = policies.decide(policy, plan, current, b_noise, s.critical_factor, s.interval_s, costs)
         if d is not None and d.switch:
             downtime = costs.of(current, d.target)
-            changes.append({"t": t, "from": current.__dict__, "to": d.target.__dict__, "change": d.kind,
-                            "downtime_s": downtime, "b_noise": b_noise, "b_crit": model.b_crit,
-                            "predicted_gain": d.predicted_gain})
+            changes.append(
+                {
+                    "t": t,
+                    "from": current.__dict__,
+                    "to": d.target.__dict__,
+                    "change": d.kind,
+                    "downtime_s": downtime,
+                    "b_noise": b_noise,
+                    "b_crit": model.b_crit,
+                    "predicted_gain": d.predicted_gain,
+                }
+            )
             t += downtime
             current = d.target
     reached = model.loss <= s.target_loss

@@ -41,6 +41,7 @@ GRAD_BYTES = 4  # fp32 gradients
 @dataclass(frozen=True)
 class Config:
     """One candidate configuration: the layout and the batch shape."""
+
     dp: int
     tp: int
     pp: int
@@ -67,17 +68,17 @@ class Measurement:
 
 @dataclass(frozen=True)
 class StepTimeParams:
-    a0: float = 0.0   # s per micro-batch, fixed
-    a1: float = 0.0   # s per sample of a micro-batch (whole model, one rank)
-    c0: float = 0.0   # s per layer per micro-batch of tp collectives, fixed
-    c1: float = 0.0   # s per layer per sample of tp collectives (times 2(tp-1)/tp)
-    p0: float = 0.0   # s per micro-batch of stage-to-stage transfer, fixed
-    p1: float = 0.0   # s per sample of stage-to-stage transfer
-    d0: float = 0.0   # s per dp all-reduce, fixed
-    d1: float = 0.0   # s per byte of ring all-reduce volume
-    o0: float = 0.0   # s per step, fixed
-    o1: float = 0.0   # s per gradient byte of the rank (optimiser step)
-    z: float = 1.0    # share of the pipeline bubble that is really lost
+    a0: float = 0.0  # s per micro-batch, fixed
+    a1: float = 0.0  # s per sample of a micro-batch (whole model, one rank)
+    c0: float = 0.0  # s per layer per micro-batch of tp collectives, fixed
+    c1: float = 0.0  # s per layer per sample of tp collectives (times 2(tp-1)/tp)
+    p0: float = 0.0  # s per micro-batch of stage-to-stage transfer, fixed
+    p1: float = 0.0  # s per sample of stage-to-stage transfer
+    d0: float = 0.0  # s per dp all-reduce, fixed
+    d1: float = 0.0  # s per byte of ring all-reduce volume
+    o0: float = 0.0  # s per step, fixed
+    o1: float = 0.0  # s per gradient byte of the rank (optimiser step)
+    z: float = 1.0  # share of the pipeline bubble that is really lost
     gamma: float = 1.0  # overlap of pipeline compute and dp all-reduce (1: none)
 
     def as_dict(self) -> dict:
@@ -109,6 +110,7 @@ def rank_grad_bytes(shape: ModelShape, tp: int, pp: int) -> float:
 @dataclass(frozen=True)
 class Terms:
     """The pieces of one predicted step, in seconds."""
+
     compute: float
     tp_comm: float
     p2p: float
@@ -124,12 +126,18 @@ class Terms:
 
 def _features(shape: ModelShape, cfgs: list[Config]) -> dict[str, np.ndarray]:
     """Per-configuration quantities the coefficients multiply (vectorised for fitting)."""
+
     def col(fn):
         return np.array([fn(c) for c in cfgs], dtype=float)
+
     layers = col(lambda c: max(len(r) for r in stage_layer_ranges(shape.n_layers, c.pp)))
     return {
-        "m": col(lambda c: c.microbatches), "pp": col(lambda c: c.pp), "tp": col(lambda c: c.tp),
-        "dp": col(lambda c: c.dp), "mbs": col(lambda c: c.mbs), "layers": layers,
+        "m": col(lambda c: c.microbatches),
+        "pp": col(lambda c: c.pp),
+        "tp": col(lambda c: c.tp),
+        "dp": col(lambda c: c.dp),
+        "mbs": col(lambda c: c.mbs),
+        "layers": layers,
         "f_pp": col(lambda c: stage_compute_fraction(shape, c.pp)),
         "grad": col(lambda c: rank_grad_bytes(shape, c.tp, c.pp)),
     }
@@ -147,9 +155,17 @@ def _terms(p: dict[str, np.ndarray | float], x: dict[str, np.ndarray]) -> dict[s
     fixed = p["o0"] + p["o1"] * x["grad"]
     g = p["gamma"]
     busy = pipeline + bubble
-    overlapped = busy + dp_ar if g == 1.0 else (busy ** g + dp_ar ** g) ** (1.0 / g)
-    return {"compute": compute, "tp_comm": tp_comm, "p2p": p2p, "pipeline": pipeline, "bubble": bubble,
-            "dp_allreduce": dp_ar, "fixed": fixed, "step": overlapped + fixed}
+    overlapped = busy + dp_ar if g == 1.0 else (busy**g + dp_ar**g) ** (1.0 / g)
+    return {
+        "compute": compute,
+        "tp_comm": tp_comm,
+        "p2p": p2p,
+        "pipeline": pipeline,
+        "bubble": bubble,
+        "dp_allreduce": dp_ar,
+        "fixed": fixed,
+        "step": overlapped + fixed,
+    }
 
 
 @dataclass(frozen=True)
@@ -210,8 +226,9 @@ def fit_step_time_model(points: list[Measurement], shape: ModelShape, overlap: b
     best = None
     for attempt in range(3):  # a few starts: the bubble/overlap terms make the problem non-convex
         guess = x0 if attempt == 0 else np.clip(x0 * (1 + 0.5 * attempt), lo / scale, hi / scale)
-        sol = least_squares(residuals, guess, bounds=(lo / scale, hi / scale), loss="soft_l1", f_scale=0.05,
-                            max_nfev=2000)
+        sol = least_squares(
+            residuals, guess, bounds=(lo / scale, hi / scale), loss="soft_l1", f_scale=0.05, max_nfev=2000
+        )
         if best is None or sol.cost < best.cost:
             best = sol
     values = {"gamma": 1.0, **dict(zip(free, best.x * scale))}
@@ -232,6 +249,7 @@ def _scale(name: str, per_sample: float, grad_bytes: float, step: float) -> floa
 @dataclass(frozen=True)
 class ErrorReport:
     """Prediction error on held-out points: absolute percentage errors."""
+
     mape: float
     max_ape: float
     folds: int
@@ -242,8 +260,9 @@ class ErrorReport:
         return {"mape": self.mape, "max_ape": self.max_ape, "folds": self.folds}
 
 
-def cross_validate(points: list[Measurement], shape: ModelShape, folds: int = 5, seed: int = 0,
-                   overlap: bool = False) -> ErrorReport:
+def cross_validate(
+    points: list[Measurement], shape: ModelShape, folds: int = 5, seed: int = 0, overlap: bool = False
+) -> ErrorReport:
     """k-fold (leave-some-out) error: each point is predicted by a model fitted without it."""
     n = len(points)
     if n < 2:
@@ -259,4 +278,3 @@ def cross_validate(points: list[Measurement], shape: ModelShape, folds: int = 5,
     measured = np.array([p.step_time_s for p in points])
     ape = np.abs(predicted - measured) / measured
     return ErrorReport(float(ape.mean()), float(ape.max()), k, tuple(predicted.tolist()), tuple(ape.tolist()))
-

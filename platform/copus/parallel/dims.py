@@ -32,8 +32,9 @@ class ParallelDims:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
-    def validate(self, shape: ModelShape, world_size: int | None = None, gbs: int | None = None,
-                 mbs: int | None = None) -> None:
+    def validate(
+        self, shape: ModelShape, world_size: int | None = None, gbs: int | None = None, mbs: int | None = None
+    ) -> None:
         problems = layout_problems(self.dp, self.tp, self.pp, shape, world_size, gbs, mbs)
         if problems:
             raise LayoutError("; ".join(f"{f}: {m}" for f, m in problems))

@@ -53,13 +53,21 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer) -> Preconditioner:
         v = v.to_local() if isinstance(v, DTensor) else v
         v_hat = v / (1 - group["betas"][1] ** step)
         return v_hat.sqrt().add_(group["eps"])
+
     return divisor
 
 
 class GradNormProbe:
-    def __init__(self, params: list[torch.nn.Parameter], tp_rank: int, norm_groups: list[ProcessGroup | None],
-                 dp_group: ProcessGroup | None, dp: int, precondition: Preconditioner | None = None,
-                 use_hooks: bool = True):
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        tp_rank: int,
+        norm_groups: list[ProcessGroup | None],
+        dp_group: ProcessGroup | None,
+        dp: int,
+        precondition: Preconditioner | None = None,
+        use_hooks: bool = True,
+    ):
         """use_hooks: find micro-batch boundaries with gradient hooks (needed inside a pipeline
         schedule); without, the caller calls after_microbatch() itself, which does the same
         work with a few multi-tensor (foreach) ops instead of several ops per parameter."""
@@ -69,9 +77,9 @@ class GradNormProbe:
         self._armed = False
         self._scale = 1.0
         self._microbatches = 1
-        self._prev: dict[int, torch.Tensor] = {}   # accumulated local gradient after the last micro-batch
-        self._count: dict[int, int] = {}           # micro-batches accumulated so far, per parameter (hooks)
-        self._seen_microbatches = 0                # the same, with explicit boundaries
+        self._prev: dict[int, torch.Tensor] = {}  # accumulated local gradient after the last micro-batch
+        self._count: dict[int, int] = {}  # micro-batches accumulated so far, per parameter (hooks)
+        self._seen_microbatches = 0  # the same, with explicit boundaries
         self._sum_sq: torch.Tensor | None = None
         self._handles = []
         self._prev_buffers: list[torch.Tensor] | None = None
@@ -123,7 +131,7 @@ class GradNormProbe:
         norms = torch._foreach_norm(micro)
         # Embedding gradients arrive replicated before alignment: judge by the gradient's placement.
         keep = [n for n, p in zip(norms, self.params) if is_tp_sharded(p.grad) or self.tp_rank == 0]
-        part = torch.stack(keep).float().pow(2).sum() * self._scale ** 2 if keep else torch.zeros(())
+        part = torch.stack(keep).float().pow(2).sum() * self._scale**2 if keep else torch.zeros(())
         self._sum_sq = part if self._sum_sq is None else self._sum_sq + part
 
     def _disarm(self) -> torch.Tensor:

@@ -67,8 +67,9 @@ def sq_norm_local(tensors_and_sharded: Iterable[tuple[torch.Tensor, bool]], tp_r
 Preconditioner = Callable[[torch.nn.Parameter], "torch.Tensor | None"]
 
 
-def grad_sq_norm_local(params: list[torch.nn.Parameter], tp_rank: int,
-                       precondition: Preconditioner | None = None) -> torch.Tensor:
+def grad_sq_norm_local(
+    params: list[torch.nn.Parameter], tp_rank: int, precondition: Preconditioner | None = None
+) -> torch.Tensor:
     """This rank's share of the squared gradient norm (see sq_norm_local). `precondition`
     gives, per parameter, a local tensor to divide the gradient by (Adam's sqrt(v_hat) + eps)."""
     pairs = []
@@ -88,8 +89,12 @@ def sum_over(total: torch.Tensor, groups: list[ProcessGroup | None]) -> torch.Te
     return total
 
 
-def grad_sq_norm(params: list[torch.nn.Parameter], tp_rank: int, groups: list[ProcessGroup | None],
-                 precondition: Preconditioner | None = None) -> torch.Tensor:
+def grad_sq_norm(
+    params: list[torch.nn.Parameter],
+    tp_rank: int,
+    groups: list[ProcessGroup | None],
+    precondition: Preconditioner | None = None,
+) -> torch.Tensor:
     """Squared L2 norm of the whole model's gradient, identical on every rank of a replica:
     summed over the tp and pp `groups` (pass the ones with more than one rank)."""
     return sum_over(grad_sq_norm_local(params, tp_rank, precondition), groups)

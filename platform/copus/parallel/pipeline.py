@@ -37,8 +37,16 @@ def keep_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
 
 
 class PipelineRunner:
-    def __init__(self, module: nn.Module, stage: int, num_stages: int, device: torch.device, group: ProcessGroup,
-                 schedule: str, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        num_stages: int,
+        device: torch.device,
+        group: ProcessGroup,
+        schedule: str,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ):
         if schedule not in SCHEDULES:
             raise ValueError(f"parallel.pp_schedule: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
         self.module, self.stage, self.num_stages = module, stage, num_stages
@@ -59,13 +67,20 @@ class PipelineRunner:
         if key != self._key:
             pipe_stage = PipelineStage(self.module, self.stage, self.num_stages, self.device, group=self.group)
             # Gradients are averaged over micro-batches (scale_grads): the mean loss of the batch.
-            self._schedule = SCHEDULES[self.schedule_name](pipe_stage, n_microbatches=microbatches,
-                                                           loss_fn=self.loss_fn, scale_grads=True)
+            self._schedule = SCHEDULES[self.schedule_name](
+                pipe_stage, n_microbatches=microbatches, loss_fn=self.loss_fn, scale_grads=True
+            )
             self._key = key
         return self._schedule
 
-    def _run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None, microbatch_size: int,
-             microbatches: int, training: bool) -> torch.Tensor | None:
+    def _run(
+        self,
+        inputs: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        microbatch_size: int,
+        microbatches: int,
+        training: bool,
+    ) -> torch.Tensor | None:
         """Returns the per-micro-batch losses (stacked) on the last stage, None elsewhere."""
         schedule = self._schedule_for(microbatch_size, microbatches, training)
         losses: list[torch.Tensor] = []

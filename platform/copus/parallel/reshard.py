@@ -32,7 +32,9 @@ def local_tensor(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
-def _box(value: torch.Tensor) -> Box:
+def global_box(value: torch.Tensor) -> Box:
+    """The part of the global (unsharded) tensor this rank holds: a DTensor's local shard, or
+    the whole of a plain tensor."""
     if isinstance(value, DTensor):
         shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh, value.placements)
         return Box(tuple(offset), tuple(shape))
@@ -44,7 +46,7 @@ def describe(state: StateDict) -> tuple[Holdings, dict[str, tuple[str, int]]]:
     boxes, dtypes = {}, {}
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
-            boxes[key] = _box(value)
+            boxes[key] = global_box(value)
             dtypes[key] = (str(value.dtype), value.element_size())
     return boxes, dtypes
 
@@ -83,7 +85,9 @@ def _run_round(rank: int, transfers: list, old: StateDict, new: StateDict, devic
     incoming: dict[int, list] = defaultdict(list)
     for t in transfers:
         if t.src == rank and t.dst == rank:
-            local_tensor(new[t.key])[t.piece.relative_to(t.needed)].copy_(local_tensor(old[t.key])[t.piece.relative_to(t.held)])
+            local_tensor(new[t.key])[t.piece.relative_to(t.needed)].copy_(
+                local_tensor(old[t.key])[t.piece.relative_to(t.held)]
+            )
         elif t.src == rank:
             outgoing[t.dst].append(t)
         elif t.dst == rank:
@@ -104,5 +108,5 @@ def _run_round(rank: int, transfers: list, old: StateDict, new: StateDict, devic
         for t in incoming[src]:
             target = local_tensor(new[t.key])
             n = t.piece.numel * target.element_size()
-            target[t.piece.relative_to(t.needed)].copy_(buf[at:at + n].view(target.dtype).reshape(t.piece.shape))
+            target[t.piece.relative_to(t.needed)].copy_(buf[at : at + n].view(target.dtype).reshape(t.piece.shape))
             at += n

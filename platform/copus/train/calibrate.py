@@ -26,11 +26,24 @@ from copus.train.plan import GNSPlan, StopRule, WorkerPlan
 SEED_DATA_STRIDE = 100_003
 
 
-def single_process_plan(plan: WorkerPlan, gbs: int, mbs: int, eval_every_samples: int, val_samples: int,
-                        stop: StopRule, gns_enabled: bool) -> WorkerPlan:
-    return replace(plan, dp=1, tp=1, pp=1, gbs=gbs, mbs=mbs, eval_every_steps=max(1, eval_every_samples // gbs),
-                   val_samples=val_samples, stop=stop, checkpoint_every_steps=10 ** 9, checkpoint_every_s=None,
-                   report_every_steps=1, gns=replace(plan.gns, enabled=gns_enabled))
+def single_process_plan(
+    plan: WorkerPlan, gbs: int, mbs: int, eval_every_samples: int, val_samples: int, stop: StopRule, gns_enabled: bool
+) -> WorkerPlan:
+    return replace(
+        plan,
+        dp=1,
+        tp=1,
+        pp=1,
+        gbs=gbs,
+        mbs=mbs,
+        eval_every_steps=max(1, eval_every_samples // gbs),
+        val_samples=val_samples,
+        stop=stop,
+        checkpoint_every_steps=10**9,
+        checkpoint_every_s=None,
+        report_every_steps=1,
+        gns=replace(plan.gns, enabled=gns_enabled),
+    )
 
 
 def continuation_mbs(gbs: int, needs_two_microbatches: bool) -> int:
@@ -49,8 +62,9 @@ def reference_run(plan: WorkerPlan, branch_samples: list[int], out_dir: Path, va
     b0 = plan.gns.reference_gbs or plan.gbs
     steps = [s // b0 for s in branch_samples]
     every = math.gcd(*steps)
-    ref = single_process_plan(plan, b0, max(1, b0 // 4), every * b0, val_samples, StopRule(max_samples=max(branch_samples)),
-                              gns_enabled=True)
+    ref = single_process_plan(
+        plan, b0, max(1, b0 // 4), every * b0, val_samples, StopRule(max_samples=max(branch_samples)), gns_enabled=True
+    )
     ref = replace(ref, eval_every_steps=every, checkpoint_every_steps=every)
     records: list[dict] = []
     wanted = set(steps)
@@ -63,8 +77,16 @@ def reference_run(plan: WorkerPlan, branch_samples: list[int], out_dir: Path, va
     run_training(ref, LoopHooks(emit=records.append, persist_checkpoint=persist))
     evals = {r["step"]: r["val_loss"] for r in records if r["kind"] == "eval"}
     noise = {r["step"]: r.get("b_noise", float("nan")) for r in records if r["kind"] == "step"}
-    return [{"step": s, "samples": s * b0, "val_loss": evals[s], "b_noise_run": noise.get(s, float("nan")),
-             "checkpoint": str(out_dir / f"step{s}")} for s in steps]
+    return [
+        {
+            "step": s,
+            "samples": s * b0,
+            "val_loss": evals[s],
+            "b_noise_run": noise.get(s, float("nan")),
+            "checkpoint": str(out_dir / f"step{s}"),
+        }
+        for s in steps
+    ]
 
 
 def branch_noise_scales(plan: WorkerPlan, checkpoint: Path, steps: int) -> dict:
@@ -73,14 +95,30 @@ def branch_noise_scales(plan: WorkerPlan, checkpoint: Path, steps: int) -> dict:
     b0 = plan.gns.reference_gbs or plan.gbs
     out = {}
     for name, precondition in (("b_noise", "none"), ("b_noise_adam", "adam")):
-        p = replace(plan, dp=1, tp=1, pp=1, gbs=b0, mbs=max(1, b0 // 4),
-                    gns=GNSPlan(True, plan.gns.smoothing, plan.gns.critical_factor, precondition, b0))
+        p = replace(
+            plan,
+            dp=1,
+            tp=1,
+            pp=1,
+            gbs=b0,
+            mbs=max(1, b0 // 4),
+            gns=GNSPlan(True, plan.gns.smoothing, plan.gns.critical_factor, precondition, b0),
+        )
         out[name] = measure_gns(p, steps, resume_from=checkpoint)["b_noise"]
     return out
 
 
-def continue_branch(plan: WorkerPlan, checkpoint: Path, start: dict, gbs: int, seed_index: int, decrement: float,
-                    max_samples: int, eval_every_samples: int, val_samples: int) -> dict:
+def continue_branch(
+    plan: WorkerPlan,
+    checkpoint: Path,
+    start: dict,
+    gbs: int,
+    seed_index: int,
+    decrement: float,
+    max_samples: int,
+    eval_every_samples: int,
+    val_samples: int,
+) -> dict:
     """From the branch checkpoint, train at `gbs` (the plan's LR rule) until the validation loss's
     trend is `decrement` below the branch point's; samples and steps that took (NaN when
     `max_samples` ran out first), and the validation curve. The run goes on to a third of the
@@ -94,13 +132,26 @@ def continue_branch(plan: WorkerPlan, checkpoint: Path, start: dict, gbs: int, s
     run_plan = single_process_plan(plan, gbs, mbs, eval_every_samples, val_samples, stop, gns_enabled=adascale)
     records: list[dict] = []
     t = time.perf_counter()
-    hooks = LoopHooks(emit=records.append, resume_from=checkpoint, batch_size=lambda *_: (gbs, mbs),
-                      data_offset=seed_index * SEED_DATA_STRIDE)
+    hooks = LoopHooks(
+        emit=records.append,
+        resume_from=checkpoint,
+        batch_size=lambda *_: (gbs, mbs),
+        data_offset=seed_index * SEED_DATA_STRIDE,
+    )
     run_training(run_plan, hooks)  # its checkpoints go nowhere: the default persist hook drops them
-    curve = [(start["samples"], start["val_loss"])] + [(r["samples"], r["val_loss"]) for r in records
-                                                      if r["kind"] == "eval"]
+    curve = [(start["samples"], start["val_loss"])] + [
+        (r["samples"], r["val_loss"]) for r in records if r["kind"] == "eval"
+    ]
     crossed = smoothed_crossing([s for s, _ in curve], [v for _, v in curve], target, overshoot)
     used = crossed - start["samples"] if math.isfinite(crossed) else float("nan")
-    return {"gbs": gbs, "seed": seed_index, "samples": used, "steps": used / gbs if math.isfinite(used) else float("nan"),
-            "reached": math.isfinite(used), "target_val_loss": target, "wall_clock_s": time.perf_counter() - t,
-            "curve_samples": [s - start["samples"] for s, _ in curve], "curve_val_loss": [v for _, v in curve]}
+    return {
+        "gbs": gbs,
+        "seed": seed_index,
+        "samples": used,
+        "steps": used / gbs if math.isfinite(used) else float("nan"),
+        "reached": math.isfinite(used),
+        "target_val_loss": target,
+        "wall_clock_s": time.perf_counter() - t,
+        "curve_samples": [s - start["samples"] for s, _ in curve],
+        "curve_val_loss": [v for _, v in curve],
+    }

@@ -77,8 +77,9 @@ def _manifest_problems(path: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict, rank: int) -> None:
+def save_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict, rank: int
+) -> None:
     """Collective: every rank calls it with the same trainer_state, each with a directory of
     its own (Ray Train merges them in storage)."""
     path.mkdir(parents=True, exist_ok=True)
@@ -88,8 +89,11 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if rank == 0:
         _write_json(path / TRAINER_STATE, trainer_state)
     mine = sorted(p for p in set(path.iterdir()) - before if p.is_file() and not p.name.endswith(".tmp"))
-    manifest = {"rank": rank, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                "files": {p.name: {"size": p.stat().st_size, "sha256": file_digest(p)} for p in mine}}
+    manifest = {
+        "rank": rank,
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "files": {p.name: {"size": p.stat().st_size, "sha256": file_digest(p)} for p in mine},
+    }
     _write_json(path / MANIFEST.format(rank=rank), manifest)
     verified = not _manifest_problems(path, manifest)  # re-read what was written
     device = next(model.parameters()).device

@@ -31,15 +31,21 @@ class TokenWindows:
         self.seq_len = seq_len
         self.num_samples = num_windows(len(self.tokens), seq_len)
         if self.num_samples < 1:
-            raise ValueError(f"{self.path}: {len(self.tokens)} tokens are fewer than one sample of seq_len + 1 = {seq_len + 1}")
+            raise ValueError(
+                f"{self.path}: {len(self.tokens)} tokens are fewer than one sample of seq_len + 1 = {seq_len + 1}"
+            )
 
     def window(self, index: int) -> np.ndarray:
         start = index * self.seq_len
-        return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+        return np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (len(indices), seq_len) int64."""
-        rows = np.stack([self.window(int(i)) for i in indices]) if len(indices) else np.zeros((0, self.seq_len + 1), np.int64)
+        rows = (
+            np.stack([self.window(int(i)) for i in indices])
+            if len(indices)
+            else np.zeros((0, self.seq_len + 1), np.int64)
+        )
         data = torch.from_numpy(rows)
         return data[:, :-1], data[:, 1:]
 
@@ -67,7 +73,7 @@ class SampleOrder:
             pos = start + done
             epoch, offset = divmod(pos, self.num_samples)
             take = min(count - done, self.num_samples - offset)
-            out[done:done + take] = self._permutation(epoch)[offset:offset + take]
+            out[done : done + take] = self._permutation(epoch)[offset : offset + take]
             done += take
         return out
 
@@ -75,8 +81,9 @@ class SampleOrder:
 @dataclass(frozen=True)
 class ReplicaBatch:
     """What one data-parallel replica computes for one step."""
-    sample_indices: np.ndarray        # this replica's samples, in micro-batch order
-    microbatches: list[np.ndarray]    # m arrays of mbs indices each
+
+    sample_indices: np.ndarray  # this replica's samples, in micro-batch order
+    microbatches: list[np.ndarray]  # m arrays of mbs indices each
 
 
 def replica_batch(global_indices: np.ndarray, dp_rank: int, dp: int, mbs: int) -> ReplicaBatch:
@@ -86,8 +93,8 @@ def replica_batch(global_indices: np.ndarray, dp_rank: int, dp: int, mbs: int) -
     if gbs % (dp * mbs):
         raise ValueError(f"GBS {gbs} is not divisible by dp x mbs = {dp} x {mbs}")
     per_replica = gbs // dp
-    mine = global_indices[dp_rank * per_replica:(dp_rank + 1) * per_replica]
-    return ReplicaBatch(mine, [mine[i:i + mbs] for i in range(0, per_replica, mbs)])
+    mine = global_indices[dp_rank * per_replica : (dp_rank + 1) * per_replica]
+    return ReplicaBatch(mine, [mine[i : i + mbs] for i in range(0, per_replica, mbs)])
 
 
 class TrainStream:
@@ -104,13 +111,18 @@ class TrainStream:
         return indices
 
     def state_dict(self) -> dict:
-        return {"samples_consumed": self.samples_consumed, "seed": self.order.seed,
-                "num_samples": self.windows.num_samples}
+        return {
+            "samples_consumed": self.samples_consumed,
+            "seed": self.order.seed,
+            "num_samples": self.windows.num_samples,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_samples"] != self.windows.num_samples or state["seed"] != self.order.seed:
-            raise ValueError(f"data position was saved for {state['num_samples']} samples / seed {state['seed']}, "
-                             f"this dataset has {self.windows.num_samples} / seed {self.order.seed}")
+            raise ValueError(
+                f"data position was saved for {state['num_samples']} samples / seed {state['seed']}, "
+                f"this dataset has {self.windows.num_samples} / seed {self.order.seed}"
+            )
         self.samples_consumed = int(state["samples_consumed"])
 
 

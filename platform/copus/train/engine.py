@@ -4,7 +4,8 @@ averaging with clipping, and evaluation.
 
 Construction: lay out the model on the meta device, cut it to this rank's pipeline stage,
 allocate and initialise only that stage on the CPU (per-parameter seeding makes every rank's
-part identical to the single-process model), shard it over the tp mesh, move it to the device. Every layout, (1,1,1) included, goes
+part identical to the single-process model), shard it over the tp mesh (and, starting from a
+Hugging Face model, fill each shard from its files), move it to the device. Every layout, (1,1,1) included, goes
 through this same code, which is what makes the layouts comparable number for number.
 """
 
@@ -24,6 +25,7 @@ from copus.parallel.grads import align_grad_placements, average_data_parallel_gr
 from copus.parallel.pipeline import PipelineRunner, keep_stage
 from copus.parallel.tensor import apply_tp
 from workloads.flavours import ModelFlavour
+from workloads.hf_weights import load_hf_weights
 from workloads.llama import materialize, skeleton
 from workloads.tp_plan import llama_tp_plan
 
@@ -40,8 +42,18 @@ class StepTiming:
 
 
 class ParallelModel:
-    def __init__(self, flavour: ModelFlavour, seq_len: int, seed: int, dims: ParallelDims, device: torch.device,
-                 pp_schedule: str = "1f1b", autocast=None, initialize: bool = True):
+    def __init__(
+        self,
+        flavour: ModelFlavour,
+        seq_len: int,
+        seed: int,
+        dims: ParallelDims,
+        device: torch.device,
+        pp_schedule: str = "1f1b",
+        autocast=None,
+        initialize: bool = True,
+        init_from: str | None = None,
+    ):
         self.dims, self.device = dims, device
         self.autocast_factory = autocast  # e.g. accelerator.autocast; None: full precision
         distributed = dist.is_available() and dist.is_initialized()
@@ -62,13 +74,24 @@ class ParallelModel:
         model = skeleton(flavour, seq_len)
         if dims.pp > 1:
             keep_stage(model, self.pp_rank, dims.pp)
-        materialize(model, seed, initialize)  # initialize=False: the caller fills in every value
-        if dims.tp > 1:
-            apply_tp(model, tp_mesh, llama_tp_plan(model))
+        if init_from is None:
+            materialize(model, seed, initialize)  # initialize=False: the caller fills in every value
+            if dims.tp > 1:
+                apply_tp(model, tp_mesh, llama_tp_plan(model))
+        else:
+            # Shard the skeleton first, then allocate: a rank holds only its shards, never its whole
+            # stage, and fills them from the Hugging Face files (a box of each tensor).
+            if dims.tp > 1:
+                apply_tp(model, tp_mesh, llama_tp_plan(model))
+            materialize(model, seed, initialize=False)
+            load_hf_weights(model, init_from, flavour.head_dim)
         self.module: nn.Module = model.to(device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.pipeline = (PipelineRunner(self.module, self.pp_rank, dims.pp, device, self.pp_group, pp_schedule, token_loss)
-                         if dims.pp > 1 else None)
+        self.pipeline = (
+            PipelineRunner(self.module, self.pp_rank, dims.pp, device, self.pp_group, pp_schedule, token_loss)
+            if dims.pp > 1
+            else None
+        )
         # Collectives for norms and losses only over dims that have more than one rank.
         self._norm_groups = [g for g, n in ((self.tp_group, dims.tp), (self.pp_group, dims.pp)) if n > 1]
         self.timing = StepTiming()
@@ -79,8 +102,15 @@ class ParallelModel:
 
     def attach_probe(self, precondition=None) -> None:
         """Measure squared gradient norms at two batch sizes every step (for the GNS)."""
-        self.probe = GradNormProbe(self.params, self.tp_rank, self._norm_groups, self.dp_group, self.dims.dp,
-                                   precondition, use_hooks=self.pipeline is not None)
+        self.probe = GradNormProbe(
+            self.params,
+            self.tp_rank,
+            self._norm_groups,
+            self.dp_group,
+            self.dims.dp,
+            precondition,
+            use_hooks=self.pipeline is not None,
+        )
 
     def detach_probe(self) -> None:
         if self.probe is not None:
@@ -118,7 +148,7 @@ class ParallelModel:
             losses = []
             for j in range(m):
                 with self._autocast():
-                    loss = token_loss(self.module(inputs[j * mbs:(j + 1) * mbs]), targets[j * mbs:(j + 1) * mbs])
+                    loss = token_loss(self.module(inputs[j * mbs : (j + 1) * mbs]), targets[j * mbs : (j + 1) * mbs])
                 (loss / m).backward()
                 losses.append(loss.detach())
                 if self.probe is not None and self.dims.dp == 1:
@@ -126,8 +156,9 @@ class ParallelModel:
             out = torch.stack(losses)
         else:
             with self._autocast():
-                out = self.pipeline.train_step(inputs if self.pipeline.is_first else None,
-                                               targets if self.pipeline.is_last else None, mbs, m)
+                out = self.pipeline.train_step(
+                    inputs if self.pipeline.is_first else None, targets if self.pipeline.is_last else None, mbs, m
+                )
             out = self._share_from_last_stage(out, torch.Size([m]))
         align_grad_placements(self.params)
         self._step_gbs = inputs.shape[0] * self.dims.dp
@@ -161,12 +192,13 @@ class ParallelModel:
                 total = torch.zeros((), device=self.device)
                 for j in range(m):
                     with self._autocast():
-                        logits = self.module(inputs[j * chunk:(j + 1) * chunk])
-                    total += token_loss(logits, targets[j * chunk:(j + 1) * chunk], reduction="sum")
+                        logits = self.module(inputs[j * chunk : (j + 1) * chunk])
+                    total += token_loss(logits, targets[j * chunk : (j + 1) * chunk], reduction="sum")
                 return total
             with self._autocast():
-                means = self.pipeline.eval_step(inputs if self.pipeline.is_first else None,
-                                                targets if self.pipeline.is_last else None, chunk, m)
+                means = self.pipeline.eval_step(
+                    inputs if self.pipeline.is_first else None, targets if self.pipeline.is_last else None, chunk, m
+                )
             means = self._share_from_last_stage(means, torch.Size([m]))
             return means.sum() * (chunk * targets.shape[1])
         finally:

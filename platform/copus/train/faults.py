@@ -30,7 +30,7 @@ class Faults:
     poison_steps: frozenset[int] = field(default_factory=frozenset)
     kill_step: int | None = None
     kill_rank: int = 1
-    kill_marker: str | None = None   # created before the kill: a restarted group does not kill again
+    kill_marker: str | None = None  # created before the kill: a restarted group does not kill again
     # The doomed rank waits this long before dying (its peers wait in the step's collectives):
     # Ray Train registers a reported checkpoint when its controller next polls the workers
     # (every few seconds), so a kill right after a checkpoint could find it unregistered; on a
@@ -52,6 +52,7 @@ class Faults:
 
 def faults_from_env(marker_dir: Path, world: int, environ=os.environ) -> Faults:
     """The faults the environment asks for; a malformed value is one line naming the variable."""
+
     def steps(name: str) -> frozenset[int]:
         text = environ.get(name, "").strip()
         try:
@@ -69,6 +70,10 @@ def faults_from_env(marker_dir: Path, world: int, environ=os.environ) -> Faults:
             raise FaultSpecError(f"{KILL_ENV}: expected STEP or STEP:RANK, got {kill!r}") from None
         if not 0 <= kill_rank < world:
             raise FaultSpecError(f"{KILL_ENV}: rank {kill_rank} is not one of the {world} workers")
-    return Faults(fail_reshard=bool(environ.get(RESHARD_ENV)), poison_steps=steps(NONFINITE_ENV),
-                  kill_step=kill_step, kill_rank=kill_rank,
-                  kill_marker=str(marker_dir / f"killed-at-step-{kill_step}") if kill_step is not None else None)
+    return Faults(
+        fail_reshard=bool(environ.get(RESHARD_ENV)),
+        poison_steps=steps(NONFINITE_ENV),
+        kill_step=kill_step,
+        kill_rank=kill_rank,
+        kill_marker=str(marker_dir / f"killed-at-step-{kill_step}") if kill_step is not None else None,
+    )

@@ -30,13 +30,22 @@ def measure_gns(plan: WorkerPlan, steps: int, resume_from: Path | None = None) -
         model.forward_backward(inputs, targets, plan.mbs)
         model.reduce_and_clip(None)
         if model.last_norms is None:
-            raise ValueError(f"batch.gbs: {plan.gbs} with dp {plan.dp} and mbs {plan.mbs} gives one batch size only; "
-                             "the GNS needs dp > 1 or at least 2 micro-batches")
+            raise ValueError(
+                f"batch.gbs: {plan.gbs} with dp {plan.dp} and mbs {plan.mbs} gives one batch size only; "
+                "the GNS needs dp > 1 or at least 2 micro-batches"
+            )
         n = model.last_norms
         gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big)
         for p in model.params:
             p.grad = None
     model.probe.close()
-    return {"b_noise": gns.b_noise, "grad_sqr": gns.grad_sqr, "grad_var": gns.grad_var, "steps": steps,
-            "critical_batch_size": gns.critical_batch_size, "reference_gbs": plan.gbs,
-            "statistical_efficiency_at_2x": gns.efficiency(2 * plan.gbs), "skipped_nonfinite": gns.state.skipped_nonfinite}
+    return {
+        "b_noise": gns.b_noise,
+        "grad_sqr": gns.grad_sqr,
+        "grad_var": gns.grad_var,
+        "steps": steps,
+        "critical_batch_size": gns.critical_batch_size,
+        "reference_gbs": plan.gbs,
+        "statistical_efficiency_at_2x": gns.efficiency(2 * plan.gbs),
+        "skipped_nonfinite": gns.state.skipped_nonfinite,
+    }

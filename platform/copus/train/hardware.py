@@ -11,7 +11,7 @@ import platform
 
 import torch
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _cpu_model() -> str:
@@ -39,10 +39,20 @@ def describe_hardware(use_gpu: bool) -> dict:
     host = {"cpu": _cpu_model(), "cores": cores, "host_memory_gib": round(_host_memory_bytes() / GIB)}
     if use_gpu and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        return {"kind": "cuda", "device": props.name, "devices_per_node": torch.cuda.device_count(),
-                "device_memory_gib": round(props.total_memory / GIB), **host}
-    return {"kind": "cpu", "device": host["cpu"], "devices_per_node": 1, "device_memory_gib": host["host_memory_gib"],
-            **host}
+        return {
+            "kind": "cuda",
+            "device": props.name,
+            "devices_per_node": torch.cuda.device_count(),
+            "device_memory_gib": round(props.total_memory / GIB),
+            **host,
+        }
+    return {
+        "kind": "cpu",
+        "device": host["cpu"],
+        "devices_per_node": 1,
+        "device_memory_gib": host["host_memory_gib"],
+        **host,
+    }
 
 
 def hardware_label(hw: dict) -> str:
@@ -74,8 +84,21 @@ def release_memory(device: torch.device) -> None:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def process_memory() -> dict[str, int]:
@@ -85,8 +108,10 @@ def process_memory() -> dict[str, int]:
 
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
-    out = {"rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    out = {
+        "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
     libc = _glibc()
     if libc is not None and hasattr(libc, "mallinfo2"):
         libc.mallinfo2.restype = _MallInfo2

@@ -24,15 +24,22 @@ from copus.train.plan import WorkerPlan
 def persist_into(root: Path) -> Callable[[Path, dict], None]:
     """A persist hook that keeps each checkpoint in root/step<N> (all ranks' files merged, as
     Ray Train does in its storage)."""
+
     def persist(path: Path, metrics: dict) -> None:
         shutil.copytree(path, root / f"step{metrics['step']}", dirs_exist_ok=True)
+
     return persist
 
 
-def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
-              batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
-              decide: Callable[[int, Config], dict | None] | None = None,
-              faults: Faults = Faults(), data_offset: int = 0) -> tuple[list[dict], dict, dict]:
+def run_local(
+    plan: WorkerPlan,
+    ckpt_root: Path,
+    resume_step: int | None = None,
+    batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
+    decide: Callable[[int, Config], dict | None] | None = None,
+    faults: Faults = Faults(),
+    data_offset: int = 0,
+) -> tuple[list[dict], dict, dict]:
     """Train; return (rank 0's metrics records, final state, final parameters on the CPU).
     `decide` stands in for the controller (asked on rank 0 at every step boundary)."""
     records: list[dict] = []
@@ -44,9 +51,15 @@ def run_local(plan: WorkerPlan, ckpt_root: Path, resume_step: int | None = None,
             full = p.full_tensor() if isinstance(p, DTensor) else p
             params[name] = full.detach().cpu().clone()
 
-    hooks = LoopHooks(emit=records.append, persist_checkpoint=persist_into(ckpt_root),
-                      resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None,
-                      batch_size=batch_size, decide=decide, faults=faults, data_offset=data_offset)
+    hooks = LoopHooks(
+        emit=records.append,
+        persist_checkpoint=persist_into(ckpt_root),
+        resume_from=ckpt_root / f"step{resume_step}" if resume_step is not None else None,
+        batch_size=batch_size,
+        decide=decide,
+        faults=faults,
+        data_offset=data_offset,
+    )
     final = run_training(plan, hooks, on_finish=keep_params)
     return records, final, params
 
@@ -55,8 +68,9 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, fn: Callabl
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     # accelerate reads the process layout from the environment, as under torchrun or Ray.
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world)})
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
+    )
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.save(fn(*args), f"{out_file}.{rank}")

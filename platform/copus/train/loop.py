@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
+from copus.core.layout import bubble_fraction
 from copus.core.planner import change_kind
 from copus.core.throughput import Config
-from copus.core.layout import bubble_fraction
 from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import adam_preconditioner
 from copus.parallel.grads import local_grad
@@ -44,7 +44,6 @@ from copus.train.faults import Faults
 from copus.train.hardware import release_memory
 from copus.train.plan import OptimizerPlan, WorkerPlan
 from copus.train.reconfigure import ReshardFailed, reshard_in_place
-from workloads.flavours import FLAVOURS
 
 
 class NonFiniteLossError(RuntimeError):
@@ -124,7 +123,7 @@ def eval_chunk(samples: int, pp: int, limit: int) -> int:
 
 def evaluate(model: ParallelModel, windows: TokenWindows, count: int, chunk_limit: int) -> float:
     """Mean token loss over the fixed validation set, sharded over the dp replicas."""
-    mine = validation_indices(windows, count)[model.dp_rank::model.dims.dp]
+    mine = validation_indices(windows, count)[model.dp_rank :: model.dims.dp]
     inputs, targets = windows.batch(mine)
     total = torch.zeros(2, dtype=torch.float64, device=model.device)
     total[0] = model.loss_sum(inputs, targets, eval_chunk(len(mine), model.dims.pp, chunk_limit)).double()
@@ -135,14 +134,22 @@ def evaluate(model: ParallelModel, windows: TokenWindows, count: int, chunk_limi
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float          # mean loss of the global batch (the same on every rank)
-    grad_norm: float     # global gradient norm before clipping
+    loss: float  # mean loss of the global batch (the same on every rank)
+    grad_norm: float  # global gradient norm before clipping
     optimizer_time_s: float
     skipped: bool = False  # the loss or the gradient was not finite: no update was made
 
 
-def train_step(model: ParallelModel, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
-               mbs: int, lr: float, grad_clip: float | None, poison: bool = False) -> StepResult:
+def train_step(
+    model: ParallelModel,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    mbs: int,
+    lr: float,
+    grad_clip: float | None,
+    poison: bool = False,
+) -> StepResult:
     """One optimiser step on this replica's samples (m x mbs of them); collective over all ranks.
     A non-finite loss or gradient norm (both the same on every rank: the loss is averaged over
     dp, the norm is global) skips the update on every rank. `poison` (fault injection) makes
@@ -188,17 +195,26 @@ def fresh_accelerator(use_gpu: bool, mixed_precision: str):
     return Accelerator(cpu=not use_gpu, mixed_precision=mixed_precision)
 
 
-def build_replica(plan: WorkerPlan) -> tuple[ParallelModel, torch.optim.Optimizer, TrainStream]:
+def build_replica(plan: WorkerPlan, fresh: bool = True) -> tuple[ParallelModel, torch.optim.Optimizer, TrainStream]:
     """This rank's part of the model under the plan's layout, its optimiser, and the data stream
-    at position 0. Collective: every rank calls it."""
+    at position 0. Collective: every rank calls it. `fresh=False`: a checkpoint will overwrite
+    the weights, so a Hugging Face directory (plan.init_from) is not read."""
     _, world = world_rank_size()
     dims = ParallelDims(plan.dp, plan.tp, plan.pp)
-    flavour = FLAVOURS[plan.model]
+    flavour = plan.flavour
     dims.validate(flavour.shape(), world_size=world, gbs=plan.gbs, mbs=plan.mbs)
     accelerator = fresh_accelerator(plan.use_gpu, plan.mixed_precision)
     torch.manual_seed(plan.seed)
-    model = ParallelModel(flavour, plan.seq_len, plan.seed, dims, accelerator.device, plan.pp_schedule,
-                          accelerator.autocast)
+    model = ParallelModel(
+        flavour,
+        plan.seq_len,
+        plan.seed,
+        dims,
+        accelerator.device,
+        plan.pp_schedule,
+        accelerator.autocast,
+        init_from=plan.init_from if fresh else None,
+    )
     optimizer = make_optimizer(model, plan.optimizer, plan.lr.base_lr)
     stream = TrainStream(TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len), plan.seed)
     return model, optimizer, stream
@@ -212,27 +228,46 @@ def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
     layout = saved.get("layout")
     if saved.get("reconfigure") or not layout or layout["dp"] * layout["tp"] * layout["pp"] != world:
         return plan
-    return replace(plan, dp=layout["dp"], tp=layout["tp"], pp=layout["pp"], gbs=saved.get("gbs") or plan.gbs,
-                   mbs=saved.get("mbs") or plan.mbs)
+    return replace(
+        plan,
+        dp=layout["dp"],
+        tp=layout["tp"],
+        pp=layout["pp"],
+        gbs=saved.get("gbs") or plan.gbs,
+        mbs=saved.get("mbs") or plan.mbs,
+    )
 
 
-def run_training(plan: WorkerPlan, hooks: LoopHooks,
-                 on_finish: Callable[[torch.nn.Module], None] | None = None) -> dict:
+def run_training(
+    plan: WorkerPlan, hooks: LoopHooks, on_finish: Callable[[torch.nn.Module], None] | None = None
+) -> dict:
     """Train until the stop rule fires. Returns the final state (identical on every rank).
     `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
     rank, world = world_rank_size()
     if hooks.resume_from is not None:
         plan = resume_plan(plan, read_trainer_state(hooks.resume_from), world)
-    model, optimizer, stream = build_replica(plan)
-    dims, flavour, device, o = model.dims, FLAVOURS[plan.model], model.device, plan.optimizer
+    model, optimizer, stream = build_replica(plan, fresh=hooks.resume_from is None)
+    dims, flavour, device, o = model.dims, plan.flavour, model.device, plan.optimizer
     gns = attach_gns(model, optimizer, plan)
     train_windows = stream.windows
     val_windows = TokenWindows(plan.val_tokens, plan.token_dtype, plan.seq_len)
     validation_indices(val_windows, plan.val_samples)  # fail fast on a too-small validation split
 
-    state = {"step": 0, "samples": 0, "gbs": None, "mbs": None, "time_to_target_s": None, "best_val_loss": None,
-             "last_val_loss": None, "last_val_step": None, "reconfigure": None, "layout": None,
-             "nonfinite_steps": 0, "skipped_samples": 0, "reconfigurations": []}
+    state = {
+        "step": 0,
+        "samples": 0,
+        "gbs": None,
+        "mbs": None,
+        "time_to_target_s": None,
+        "best_val_loss": None,
+        "last_val_loss": None,
+        "last_val_step": None,
+        "reconfigure": None,
+        "layout": None,
+        "nonfinite_steps": 0,
+        "skipped_samples": 0,
+        "reconfigurations": [],
+    }
     if hooks.resume_from is not None:
         saved = load_checkpoint(hooks.resume_from, model.module, optimizer, rank)
         stream.load_state_dict(saved["data"])
@@ -247,7 +282,8 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
 
     def trainer_state() -> dict:
         extra = {"gns": gns.state_dict()} if gns is not None else {}
-        return {**state, "data": stream.state_dict(), "wall_clock_s": wall(), **extra}
+        # model_shape: what `copus export` needs to write a Hugging Face config.json.
+        return {**state, "data": stream.state_dict(), "wall_clock_s": wall(), "model_shape": flavour.as_dict(), **extra}
 
     def checkpoint() -> None:
         t = time.perf_counter()
@@ -258,8 +294,14 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         finally:
             shutil.rmtree(local, ignore_errors=True)
         if rank == 0:
-            hooks.emit({"kind": "checkpoint", "step": state["step"], "wall_clock_s": wall(),
-                        "checkpoint_time_s": time.perf_counter() - t})
+            hooks.emit(
+                {
+                    "kind": "checkpoint",
+                    "step": state["step"],
+                    "wall_clock_s": wall(),
+                    "checkpoint_time_s": time.perf_counter() - t,
+                }
+            )
 
     def run_eval() -> float:
         t = time.perf_counter()
@@ -271,14 +313,31 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         if reached and state["time_to_target_s"] is None:
             state["time_to_target_s"] = wall()
         if rank == 0:
-            hooks.emit({"kind": "eval", "step": state["step"], "samples": state["samples"], "val_loss": val,
-                        "wall_clock_s": wall(), "eval_time_s": time.perf_counter() - t})
+            hooks.emit(
+                {
+                    "kind": "eval",
+                    "step": state["step"],
+                    "samples": state["samples"],
+                    "val_loss": val,
+                    "wall_clock_s": wall(),
+                    "eval_time_s": time.perf_counter() - t,
+                }
+            )
         return val
 
     if rank == 0:  # every start of a worker group, a fresh one or one resuming from a checkpoint
-        hooks.emit({"kind": "start", "step": state["step"], "samples": state["samples"], "wall_clock_s": wall(),
-                    "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "gbs": plan.gbs, "mbs": plan.mbs,
-                    "resumed": hooks.resume_from is not None})
+        hooks.emit(
+            {
+                "kind": "start",
+                "step": state["step"],
+                "samples": state["samples"],
+                "wall_clock_s": wall(),
+                "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp},
+                "gbs": plan.gbs,
+                "mbs": plan.mbs,
+                "resumed": hooks.resume_from is not None,
+            }
+        )
     last_checkpoint_at = time.time()
 
     # A fresh run records the loss at the initial weights, the start of every loss curve.
@@ -305,16 +364,27 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
             decision = hooks.decide(state["step"], current) if rank == 0 else None
             target = _broadcast_config(Config(**decision["config"]) if decision else None, device)
             if target is not None and target != current:
-                record = {"kind": "reconfigure", "step": state["step"], "samples": state["samples"],
-                          "wall_clock_s": wall(), "from": current.__dict__, "to": target.__dict__,
-                          **{k: v for k, v in (decision or {}).items() if k != "config"}}
+                record = {
+                    "kind": "reconfigure",
+                    "step": state["step"],
+                    "samples": state["samples"],
+                    "wall_clock_s": wall(),
+                    "from": current.__dict__,
+                    "to": target.__dict__,
+                    **{k: v for k, v in (decision or {}).items() if k != "config"},
+                }
                 kind = change_kind(current, target)
                 in_place = kind == "gbs" or plan.reconfigure != "restart"
                 if kind == "layout" and in_place:
                     try:
                         model, optimizer, record["reshard"] = reshard_in_place(
-                            model, optimizer, plan, target, lambda m: make_optimizer(m, o, plan.lr.base_lr),
-                            fail=hooks.faults.fail_reshard)
+                            model,
+                            optimizer,
+                            plan,
+                            target,
+                            lambda m: make_optimizer(m, o, plan.lr.base_lr),  # noqa: B023 - called at once
+                            fail=hooks.faults.fail_reshard,
+                        )
                     except ReshardFailed as err:
                         if plan.reconfigure == "in_place":
                             raise
@@ -324,8 +394,15 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                         plan = replace(plan, dp=target.dp, tp=target.tp, pp=target.pp)
                         attach_probe(model, optimizer, plan)
                         release_memory(device)  # the old layout's tensors, now unreferenced
-                state["reconfigurations"].append({"step": state["step"], "samples": state["samples"],
-                                                  "from": current.__dict__, "to": target.__dict__, "in_place": in_place})
+                state["reconfigurations"].append(
+                    {
+                        "step": state["step"],
+                        "samples": state["samples"],
+                        "from": current.__dict__,
+                        "to": target.__dict__,
+                        "in_place": in_place,
+                    }
+                )
                 if rank == 0:
                     hooks.emit({**record, "in_place": in_place})
                 if not in_place:  # checkpoint and hand back to the driver, which relaunches
@@ -335,15 +412,25 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
                 dims.validate(flavour.shape(), gbs=target.gbs, mbs=target.mbs)
                 gbs, mbs = target.gbs, target.mbs
         t_step = time.perf_counter()
-        gain = adascale_gain(gns.grad_sqr, gns.grad_var, gns.reference_gbs, gbs) if gns is not None and gns.ready else None
+        gain = (
+            adascale_gain(gns.grad_sqr, gns.grad_var, gns.reference_gbs, gbs) if gns is not None and gns.ready else None
+        )
         lr = plan.lr.lr(state["samples"], gbs, gain)
         global_batch = stream.next_global_batch(gbs)
         batch = replica_batch(global_batch, model.dp_rank, plan.dp, mbs)
         m = len(batch.microbatches)
         inputs, targets = train_windows.batch(batch.sample_indices)
         hooks.faults.maybe_kill(state["step"] + 1, rank)
-        result = train_step(model, optimizer, inputs, targets, mbs, lr, o.grad_clip,
-                            poison=state["step"] + 1 in hooks.faults.poison_steps)
+        result = train_step(
+            model,
+            optimizer,
+            inputs,
+            targets,
+            mbs,
+            lr,
+            o.grad_clip,
+            poison=state["step"] + 1 in hooks.faults.poison_steps,
+        )
         if result.skipped:
             # No update, GNS untouched; the samples were consumed (the data position moves on,
             # as a resumed run would) and are counted as skipped.
@@ -353,15 +440,25 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
             state["skipped_samples"] += gbs
             nonfinite_run += 1
             if rank == 0:
-                hooks.emit({"kind": "nonfinite", "step": state["step"], "samples": state["samples"],
-                            "train_loss": result.loss, "grad_norm": result.grad_norm, "wall_clock_s": wall(),
-                            "consecutive": nonfinite_run, "nonfinite_steps": state["nonfinite_steps"]})
+                hooks.emit(
+                    {
+                        "kind": "nonfinite",
+                        "step": state["step"],
+                        "samples": state["samples"],
+                        "train_loss": result.loss,
+                        "grad_norm": result.grad_norm,
+                        "wall_clock_s": wall(),
+                        "consecutive": nonfinite_run,
+                        "nonfinite_steps": state["nonfinite_steps"],
+                    }
+                )
             if nonfinite_run > plan.stop.max_nonfinite_steps:
                 checkpoint()  # the weights are the last finite ones: a usable checkpoint
                 raise NonFiniteLossError(
                     f"stop.max_nonfinite_steps: {nonfinite_run} consecutive steps with a non-finite loss or gradient "
                     f"(last at step {state['step']}, loss {result.loss}, gradient norm {result.grad_norm}); the "
-                    f"checkpoint at step {state['step']} holds the last finite weights")
+                    f"checkpoint at step {state['step']} holds the last finite weights"
+                )
             continue
         nonfinite_run = 0
         if gns is not None and model.last_norms is not None:
@@ -374,17 +471,33 @@ def run_training(plan: WorkerPlan, hooks: LoopHooks,
         state["layout"] = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
 
         if rank == 0 and state["step"] % plan.report_every_steps == 0:
-            hooks.emit({"kind": "step", "step": state["step"], "samples": state["samples"], "train_loss": result.loss,
-                        "lr": lr, "gbs": gbs, "mbs": mbs, "microbatches": m, "dp": plan.dp, "tp": plan.tp,
-                        "pp": plan.pp, "step_time_s": step_time,
-                        "forward_backward_time_s": model.timing.forward_backward_s,
-                        "dp_allreduce_time_s": model.timing.dp_allreduce_s,
-                        "grad_norm_time_s": model.timing.grad_norm_s,
-                        "optimizer_time_s": result.optimizer_time_s, "grad_norm": result.grad_norm,
-                        "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
-                        "samples_per_s": gbs / step_time, "tokens_per_s": gbs * plan.seq_len / step_time,
-                        "wall_clock_s": wall(), **(gns.summary(gbs) if gns is not None and gns.ready else {}),
-                        **({"sample_ids": global_batch.tolist()} if hooks.record_sample_ids else {})})
+            hooks.emit(
+                {
+                    "kind": "step",
+                    "step": state["step"],
+                    "samples": state["samples"],
+                    "train_loss": result.loss,
+                    "lr": lr,
+                    "gbs": gbs,
+                    "mbs": mbs,
+                    "microbatches": m,
+                    "dp": plan.dp,
+                    "tp": plan.tp,
+                    "pp": plan.pp,
+                    "step_time_s": step_time,
+                    "forward_backward_time_s": model.timing.forward_backward_s,
+                    "dp_allreduce_time_s": model.timing.dp_allreduce_s,
+                    "grad_norm_time_s": model.timing.grad_norm_s,
+                    "optimizer_time_s": result.optimizer_time_s,
+                    "grad_norm": result.grad_norm,
+                    "pipeline_bubble_fraction": bubble_fraction(plan.pp, m),
+                    "samples_per_s": gbs / step_time,
+                    "tokens_per_s": gbs * plan.seq_len / step_time,
+                    "wall_clock_s": wall(),
+                    **(gns.summary(gbs) if gns is not None and gns.ready else {}),
+                    **({"sample_ids": global_batch.tolist()} if hooks.record_sample_ids else {}),
+                }
+            )
         if state["step"] % plan.eval_every_steps == 0:
             val = run_eval()
             if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:

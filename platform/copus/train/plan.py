@@ -7,9 +7,12 @@ workers and is trivial to build by hand in tests.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from copus.core.schedule import LRSchedule
+from workloads.flavours import ModelFlavour
+from workloads.hf_config import workload_flavour
 
 if TYPE_CHECKING:  # the worker side never imports the typed config (nor pydantic)
     from copus.config import ExperimentConfig
@@ -21,7 +24,7 @@ class StopRule:
     max_steps: int | None = None
     max_samples: int | None = None
     max_wall_clock_s: float | None = None
-    max_nonfinite_steps: int = 3   # consecutive skipped (non-finite) steps tolerated before the run stops
+    max_nonfinite_steps: int = 3  # consecutive skipped (non-finite) steps tolerated before the run stops
 
     def budget_reason(self, steps: int, samples: int, wall_clock_s: float) -> str | None:
         """Why the budget is spent after this step, or None."""
@@ -76,10 +79,15 @@ class WorkerPlan:
     report_every_steps: int = 1
     use_gpu: bool = False
     mixed_precision: str = "no"
-    reconfigure: str = "auto"   # in_place | restart | auto (see ExperimentConfig.reconfigure)
+    reconfigure: str = "auto"  # in_place | restart | auto (see ExperimentConfig.reconfigure)
+    init_from: str | None = None  # a Hugging Face model directory: its shape, and the weights of a fresh start
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def flavour(self) -> ModelFlavour:
+        return workload_flavour(self.model, self.init_from)
 
 
 def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str, token_dtype: str) -> WorkerPlan:
@@ -99,10 +107,14 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         pp_schedule=cfg.parallel.pp_schedule,
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),
-        stop=StopRule(cfg.stop.target_val_loss, cfg.stop.max_steps, cfg.stop.max_samples, cfg.stop.max_wall_clock_s,
-                      cfg.stop.max_nonfinite_steps),
-        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition,
-                   o.reference_gbs),
+        stop=StopRule(
+            cfg.stop.target_val_loss,
+            cfg.stop.max_steps,
+            cfg.stop.max_samples,
+            cfg.stop.max_wall_clock_s,
+            cfg.stop.max_nonfinite_steps,
+        ),
+        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition, o.reference_gbs),
         eval_every_steps=cfg.eval.every_steps,
         val_samples=cfg.eval.val_samples,
         checkpoint_every_steps=cfg.checkpoint.every_steps,
@@ -111,4 +123,5 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         use_gpu=cfg.cluster.use_gpu,
         mixed_precision=cfg.cluster.mixed_precision,
         reconfigure=cfg.reconfigure,
+        init_from=str(Path(cfg.workload.init_from).expanduser().resolve()) if cfg.workload.init_from else None,
     )

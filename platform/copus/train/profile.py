@@ -38,12 +38,12 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class ProfileJob:
-    plan: WorkerPlan              # the experiment's workload; its layout and batch shape are replaced per point
-    points: tuple[Config, ...]    # in the order to measure them
+    plan: WorkerPlan  # the experiment's workload; its layout and batch shape are replaced per point
+    points: tuple[Config, ...]  # in the order to measure them
     warmup_steps: int
     steps: int
-    deadline: float               # time.time() after which no new point starts
-    fail_at: str | None = None    # Config.label() of a point at which rank 0 raises InjectedFault
+    deadline: float  # time.time() after which no new point starts
+    fail_at: str | None = None  # Config.label() of a point at which rank 0 raises InjectedFault
     # The first point of a fresh worker group warms up for at least this long: for the first
     # seconds the group's own start-up (Ray's workers and agents) still competes for the cores.
     settle_s: float = 3.0
@@ -91,7 +91,7 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
         plan = replace(job.plan, dp=dp, tp=tp, pp=pp, gbs=first.gbs, mbs=first.mbs)
         if rank == 0:
             emit({"kind": "profile_layout", "layout": [dp, tp, pp]})
-        model, optimizer, stream = build_replica(plan)
+        model, optimizer, stream = build_replica(plan, fresh=False)  # timing only: no need to read init_from
         attach_gns(model, optimizer, plan)  # training probes gradient norms every step: so does profiling
         clock = _StepClock(model.device)
         cuda = model.device.type == "cuda"
@@ -115,8 +115,9 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                     lr = plan.lr.lr(0, cfg.gbs)
                     if dist.is_initialized():
                         dist.barrier()
-                    elapsed = clock.time(partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr,
-                                                 plan.optimizer.grad_clip))
+                    elapsed = clock.time(
+                        partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip)
+                    )
                     elapsed = agree(elapsed, model.device)
                     warming = i < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0
                     (warmup if warming else times).append(elapsed)
@@ -125,9 +126,17 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                 step = statistics.median(times)
                 done += 1
                 if rank == 0:
-                    emit({"kind": "profile_point", "config": cfg.__dict__, "step_time_s": step, "step_times": times,
-                          "warmup_times": warmup,
-                          "samples_per_s": cfg.gbs / step, "peak_memory_bytes": peak})
+                    emit(
+                        {
+                            "kind": "profile_point",
+                            "config": cfg.__dict__,
+                            "step_time_s": step,
+                            "step_times": times,
+                            "warmup_times": warmup,
+                            "samples_per_s": cfg.gbs / step,
+                            "peak_memory_bytes": peak,
+                        }
+                    )
         finally:
             # Free this layout's model, optimiser state and process groups before the next.
             model.close()

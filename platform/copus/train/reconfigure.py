@@ -28,7 +28,6 @@ from copus.train.checkpoint import apply_layout_free_state, layout_free_state
 from copus.train.engine import ParallelModel
 from copus.train.hardware import process_memory
 from copus.train.plan import WorkerPlan
-from workloads.flavours import FLAVOURS
 
 
 class ReshardFailed(RuntimeError):
@@ -44,8 +43,14 @@ def _flat(state: dict) -> dict:
     return {f"{part}/{key}": value for part, values in state.items() for key, value in values.items()}
 
 
-def reshard_in_place(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: WorkerPlan, target: Config,
-                     make_optimizer, fail: bool = False) -> tuple[ParallelModel, torch.optim.Optimizer, dict]:
+def reshard_in_place(
+    model: ParallelModel,
+    optimizer: torch.optim.Optimizer,
+    plan: WorkerPlan,
+    target: Config,
+    make_optimizer,
+    fail: bool = False,
+) -> tuple[ParallelModel, torch.optim.Optimizer, dict]:
     """Move this rank's part of the model and optimiser from `model`'s layout to `target`'s.
     Collective over the world group. Returns the new model and optimiser (the old ones are
     closed) and figures: bytes moved, copied locally, rounds, seconds, this process's memory
@@ -53,14 +58,22 @@ def reshard_in_place(model: ParallelModel, optimizer: torch.optim.Optimizer, pla
     every rank when it failed on any; `fail` makes rank 0 fail after the state has moved."""
     t = time.perf_counter()
     dims = ParallelDims(target.dp, target.tp, target.pp)
-    dims.validate(FLAVOURS[plan.model].shape(), world_size=dist.get_world_size(), gbs=target.gbs, mbs=target.mbs)
+    dims.validate(plan.flavour.shape(), world_size=dist.get_world_size(), gbs=target.gbs, mbs=target.mbs)
     new_model = new_optimizer = None
     error: BaseException | None = None
     try:
         old_state = _flat(layout_free_state(model.module, optimizer))
         clear_mesh_caches()  # from here on, DTensor ops of the new layout only (see clear_mesh_caches)
-        new_model = ParallelModel(FLAVOURS[plan.model], plan.seq_len, plan.seed, dims, model.device, plan.pp_schedule,
-                                  model.autocast_factory, initialize=False)
+        new_model = ParallelModel(
+            plan.flavour,
+            plan.seq_len,
+            plan.seed,
+            dims,
+            model.device,
+            plan.pp_schedule,
+            model.autocast_factory,
+            initialize=False,
+        )
         new_optimizer = make_optimizer(new_model)
         new_state = layout_free_state(new_model.module, new_optimizer)
         stats = redistribute(old_state, _flat(new_state), model.device)

@@ -1,0 +1,14 @@
+"""The policies' names, defined once: the config validator, the simulator's settings, the
+comparison and the policies themselves read them from here. No imports beyond typing, so the
+config (imported by every worker process) stays light."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+PolicyName = Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs"]
+POLICIES: tuple[str, ...] = get_args(PolicyName)
+# Policies of COPUS itself (the full one and its ablation); every other policy is a baseline.
+ADAPTIVE: tuple[str, ...] = ("copus", "copus-gbs")
+# What `copus compare` runs when a suite names no policies.
+DEFAULT_SUITE: tuple[str, ...] = ("copus", "static", "cbs-pessimistic", "cbs-optimistic")
