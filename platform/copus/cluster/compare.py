@@ -86,6 +86,8 @@ def run_comparison(
                     "experiment": base.name,
                     "target_val_loss": base.stop.target_val_loss,
                     "mlflow_parent_run_id": parent,
+                    "mlflow_experiment_id": tracker.experiment_id,
+                    "mlflow_view_key": f"compare-{parent}",
                     "mlflow_tracking_uri": tracker.uri,
                     "policies": summarize(runs, suite.policies),
                     "runs": runs,
@@ -106,8 +108,6 @@ def run_comparison(
     tracker.rename(parent, f"compare: {suite.name} | {speedup_phrase(result['policies'])}")
     tracker.finish(parent)
     result["output_dir"] = str(out)
-    result["mlflow_experiment_id"] = tracker.experiment_id
-    result["mlflow_view_key"] = f"compare-{parent}"
     tracker.share_view(result["mlflow_view_key"], comparison_columns(suite.policies))
     echo(comparison_table(result))
     return result
