@@ -13,16 +13,13 @@ from pathlib import Path
 from copus.config import ConfigError, ExperimentConfig, load_config
 
 
+def _add_overrides(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.SUB=VALUE", help=help)
+
+
 def _add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", help="experiment YAML file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.SUB=VALUE",
-        help="override a config field, e.g. --set batch.gbs=32 (repeatable)",
-    )
+    _add_overrides(p, "override a config field, e.g. --set batch.gbs=32 (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,14 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
     p = sub.add_parser("compare", help="run one experiment under several policies; time to target and speedup")
     p.add_argument("suite", help="comparison suite YAML")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.SUB=VALUE",
-        help="override a field of the suite's experiment (repeatable)",
-    )
+    _add_overrides(p, "override a field of the suite's experiment (repeatable)")
     p.add_argument(
         "--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)"
     )
@@ -73,14 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("simulate", help="every policy on a modelled GPU cluster: time to target, speedup, best layouts")
     p.add_argument("simulation", help="simulation YAML (e.g. experiments/sim/paper_llama-2-13b_2x8-h100.yaml)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.SUB=VALUE",
-        help="override a field, e.g. --set training.target_loss=2.4 (repeatable)",
-    )
+    _add_overrides(p, "override a field, e.g. --set training.target_loss=2.4 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p = sub.add_parser(
         "calibrate",
@@ -91,14 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="experiment YAML, or a comparison suite YAML (calibrates its experiment where "
         "the suite's runs look for it)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.SUB=VALUE",
-        help="override a field of the experiment (repeatable)",
-    )
+    _add_overrides(p, "override a field of the experiment (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
