@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "platform"), str(Path(__file__).resolve().parents[1])]
 
+from copus.core.layout import CandidateConfig  # noqa: E402
 from copus.core.schedule import LRSchedule  # noqa: E402
 from copus.train.local import run_local  # noqa: E402
 from copus.train.plan import StopRule, WorkerPlan  # noqa: E402
@@ -58,9 +59,7 @@ def main() -> None:
         train_tokens=str(files.train),
         val_tokens=str(files.val),
         token_dtype=files.dtype,
-        gbs=64,
-        mbs=16,
-        dp=1,
+        config=CandidateConfig(dp=1, tp=1, pp=1, mbs=16, gbs=64),
         lr=LRSchedule(3e-3, 16, warmup_samples=1280),
         stop=StopRule(max_steps=300),
         eval_every_steps=100,

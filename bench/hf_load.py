@@ -24,7 +24,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from copus.parallel.dims import ParallelDims  # noqa: E402
-from copus.parallel.reshard import local_tensor  # noqa: E402
+from copus.parallel.redistribute import local_tensor  # noqa: E402
 from copus.train.engine import ParallelModel  # noqa: E402
 from copus.train.local import run_on_gloo_ranks  # noqa: E402
 from workloads.hf_config import flavour_from_config  # noqa: E402

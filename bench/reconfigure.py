@@ -29,10 +29,10 @@ from pathlib import Path
 import ray
 
 from copus.cluster.driver import run_experiment
+from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.profiler import detect_hardware, workload_key
 from copus.config import config_from_mapping
-from copus.core.throughput import Config
-from copus.profile_table import ProfileTable, profile_key
+from copus.core.layout import CandidateConfig
 from workloads.flavours import FLAVOURS
 
 # Samples/s the "profile" claims. B_noise 1000: the pipeline at GBS 32 beats data parallel at
@@ -63,7 +63,7 @@ def measure(world: int, mode: str, direction: str, root: Path) -> dict:
     table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), world))
     for (name, g), per_s in THROUGHPUT.items():
         table.record(
-            Config(*layouts[name], 2, g),
+            CandidateConfig(*layouts[name], 2, g),
             status="ok",
             source="measured",
             step_time_s=g / per_s,

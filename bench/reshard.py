@@ -1,5 +1,5 @@
 """Why the in-place path moves state point to point: on the same gloo ranks and layout changes,
-the in-place reshard (`copus.train.reconfigure`: new mesh, slices sent rank to rank) against
+the in-place reshard (`copus.train.reshard_in_place`: new mesh, slices sent rank to rank) against
 going through DCP on local disk without a process restart (every rank saves, builds the new
 layout, loads: what checkpoint-and-restart does minus the restart itself).
 
@@ -14,22 +14,21 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
-from copus.core.throughput import Config
 from copus.parallel.dims import ParallelDims
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.engine import ParallelModel
-from copus.train.hardware import release_memory
+from copus.train.host import release_memory
 from copus.train.local import run_on_gloo_ranks
 from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan, WorkerPlan
-from copus.train.reconfigure import reshard_in_place
+from copus.train.reshard_in_place import reshard_in_place
 from workloads.flavours import FLAVOURS
 
 CYCLES = {4: [(4, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 1)], 8: [(8, 1, 1), (2, 2, 2), (2, 1, 4), (4, 2, 1)]}
@@ -56,11 +55,7 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
         train_tokens="",
         val_tokens="",
         token_dtype="uint16",
-        gbs=16,
-        mbs=2,
-        dp=cycle[0][0],
-        tp=cycle[0][1],
-        pp=cycle[0][2],
+        config=CandidateConfig(*cycle[0], mbs=2, gbs=16),
         lr=LRSchedule(1e-3, 16),
     )
     model, optimizer = _build(model_name, cycle[0], seq)
@@ -72,7 +67,7 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
         dist.barrier()
         t = time.perf_counter()
         model, optimizer, stats = reshard_in_place(
-            model, optimizer, plan, Config(*target, 2, 16), lambda m: make_optimizer(m, OptimizerPlan(), 1e-3)
+            model, optimizer, plan, CandidateConfig(*target, 2, 16), lambda m: make_optimizer(m, OptimizerPlan(), 1e-3)
         )
         dist.barrier()
         in_place.append(time.perf_counter() - t)
@@ -90,7 +85,7 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
         via_disk.append(time.perf_counter() - t)
         if dist.get_rank() == 0:
             shutil.rmtree(path, ignore_errors=True)
-        plan = replace(plan, dp=target[0], tp=target[1], pp=target[2])
+        plan = plan.replaced(dp=target[0], tp=target[1], pp=target[2])
         _step(model, optimizer, seq)
     return {
         "in_place_s": statistics.median(in_place),

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from copus.core.simulator import search_space, simulate
-from copus.sim_config import load_sim_config, setting_from
+from copus.sim.config import load_sim_config, setting_from
 
 
 def main() -> None:

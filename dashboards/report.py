@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from copus.core.calibration import FIT_P_MIN
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
 from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration
 from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
@@ -236,7 +236,7 @@ def tradeoff_section(data: ReportData) -> str:
     branches = data.calibrations[0].get("branch_points") if data.calibrations else None
     for table in data.profiles:
         measured = {
-            Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]): r["gbs"] / r["step_time_s"]
+            CandidateConfig.from_dict(r): r["gbs"] / r["step_time_s"]
             for r in table["rows"]
             if r.get("status") == "ok" and r.get("step_time_s")
         }

@@ -9,10 +9,14 @@ import pytest
 
 from copus.cluster.controller import Controller, ControllerSpec
 from copus.core.efficiency import adascale_gain, efficiency, statistical_efficiency
+from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
-from copus.core.throughput import Config
 
-TABLE = ((Config(2, 1, 1, 2, 8), 100.0), (Config(2, 1, 1, 2, 16), 150.0), (Config(1, 1, 2, 2, 16), 300.0))
+TABLE = (
+    (CandidateConfig(2, 1, 1, 2, 8), 100.0),
+    (CandidateConfig(2, 1, 1, 2, 16), 150.0),
+    (CandidateConfig(1, 1, 2, 2, 16), 300.0),
+)
 
 
 def spec(**kw) -> ControllerSpec:
@@ -30,7 +34,7 @@ def spec(**kw) -> ControllerSpec:
     return ControllerSpec(**{**base, **kw})
 
 
-def step(n: int, wall: float, cfg: Config, b_noise: float | None = 50.0) -> dict:
+def step(n: int, wall: float, cfg: CandidateConfig, b_noise: float | None = 50.0) -> dict:
     return {
         "kind": "step",
         "step": n,
@@ -49,13 +53,13 @@ def step(n: int, wall: float, cfg: Config, b_noise: float | None = 50.0) -> dict
 
 def test_decides_once_per_interval_and_hands_the_decision_out_once():
     c = Controller(spec(in_place_cost_s=1.0))
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 1.0, start))
     c.push(step(2, 5.0, start))
     assert c.decision() is None and c.evaluations == []  # interval not over yet
     c.push(step(3, 11.5, start))
     d = c.decision()
-    assert d["config"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 16} and d["change"] == "layout"
+    assert CandidateConfig.from_dict(d["config"]) == CandidateConfig(1, 1, 2, 2, 16) and d["change"] == "layout"
     assert c.decision() is None
     assert c.drain((None, 0))[1][0]["step"] == 1 and len(c.history) == 3
 
@@ -65,7 +69,7 @@ def test_switch_costs_are_learned_and_block_switches_that_cannot_repay_them():
     c.observed_downtime(9.5, in_place=False, kind="layout")
     c.observed_downtime(0.001, in_place=True, kind="gbs")  # a GBS change says nothing about layout changes
     assert c.restart_cost_s == 9.5 and c.in_place_cost_s == 5.0
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 0.0, start))
     c.push(step(2, 10.0, start))
     # With a 9.5 s restart in a 10 s interval the pipeline cannot repay; GBS 16 in place can.
@@ -76,7 +80,7 @@ def test_in_place_layout_changes_cost_what_was_measured_and_a_fallback_makes_lat
     c = Controller(spec(restart_cost_s=9.5))
     c.observed_downtime(0.4, in_place=True, kind="layout")
     assert c.costs().layout_s == 0.4 and c.costs().mbs_s == 0.0
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 0.0, start))
     c.push(step(2, 10.0, start))
     assert c.decision()["config"]["pp"] == 2  # the pipeline repays a 0.4 s in-place change
@@ -87,7 +91,7 @@ def test_in_place_layout_changes_cost_what_was_measured_and_a_fallback_makes_lat
 
 def test_scripted_noise_replaces_the_measured_one_per_decision():
     c = Controller(spec(b_noise_script=(1.0, 1000.0), interval_s=1.0))
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     for i, wall in enumerate((0.0, 1.0, 2.0)):
         c.push(step(i + 1, wall, start, b_noise=float("nan")))
     assert [e["b_noise"] for e in c.evaluations] == [1.0, 1000.0]
@@ -96,7 +100,7 @@ def test_scripted_noise_replaces_the_measured_one_per_decision():
 def test_static_policy_never_decides():
     c = Controller(spec(policy="static", interval_s=1.0))
     for i in range(5):
-        c.push(step(i, float(i * 2), Config(2, 1, 1, 2, 8)))
+        c.push(step(i, float(i * 2), CandidateConfig(2, 1, 1, 2, 8)))
     assert c.decision() is None and all(not e["switch"] for e in c.evaluations)
 
 
@@ -141,7 +145,7 @@ def test_efficiency_forms():
 def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_path):
     path = tmp_path / "controller_state.json"
     c = Controller(spec(in_place_cost_s=1.0), state_path=str(path))
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 0.0, start))
     c.push(step(2, 11.0, start))
     c.observed_downtime(0.7, in_place=True, kind="layout")
@@ -172,7 +176,7 @@ def _calibration(level_losses: tuple[float, ...], b_crits: tuple[float, ...], b_
 def test_the_controller_reads_the_calibration_at_the_runs_progress():
     # Measured: B_crit 2 early (loss 3.5), 400 late (loss 2.0); the run's noise estimate is 1 there.
     c = Controller(spec(calibration=_calibration((3.5, 2.0), (2.0, 400.0), 1.0), interval_s=1.0, throughputs=TABLE[:2]))
-    start = Config(2, 1, 1, 2, 8)
+    start = CandidateConfig(2, 1, 1, 2, 8)
     c.push({"kind": "eval", "step": 0, "val_loss": 3.6})
     c.push(step(1, 0.0, start, b_noise=1.0))
     c.push(step(2, 1.0, start, b_noise=1.0))

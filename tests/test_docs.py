@@ -21,7 +21,7 @@ import pytest
 
 from copus.cli import build_parser
 from copus.config import ConfigError, apply_overrides, is_suite_file, load_config, load_suite, read_yaml
-from copus.sim_config import load_sim_config
+from copus.sim.config import load_sim_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from copus.cluster.profile_table import SCHEMA_VERSION, ProfileTable, ProfileTableError, profile_key
+from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, MemoryBreakdown
-from copus.core.throughput import Config
-from copus.profile_table import SCHEMA_VERSION, ProfileTable, ProfileTableError, profile_key
 from workloads.flavours import FLAVOURS
 
 KEY = profile_key({"model": "tiny", "seq_len": 128}, {"kind": "cpu", "device": "x", "cores": 2}, 2)
@@ -21,7 +21,7 @@ def _need(gib: float) -> MemoryBreakdown:
 
 def test_round_trip_and_reuse_by_key(tmp_path):
     table = ProfileTable.open(tmp_path, KEY)
-    table.record(Config(2, 1, 1, 4, 16), status="ok", source="measured", step_time_s=0.1, step_times=[0.1])
+    table.record(CandidateConfig(2, 1, 1, 4, 16), status="ok", source="measured", step_time_s=0.1, step_times=[0.1])
     path = table.save(tmp_path)
     assert path.name == f"profile-{table.id}.json" and not list(tmp_path.glob(".*.tmp"))
     again = ProfileTable.open(tmp_path, KEY)
@@ -46,7 +46,11 @@ def test_a_newer_schema_or_a_broken_file_is_refused_with_its_path(tmp_path):
 
 def test_measured_outcomes_override_the_memory_model():
     table = ProfileTable(KEY)
-    ran, crashed, unknown = Config(2, 1, 1, 8, 16), Config(1, 1, 2, 8, 16), Config(1, 2, 1, 8, 16)
+    ran, crashed, unknown = (
+        CandidateConfig(2, 1, 1, 8, 16),
+        CandidateConfig(1, 1, 2, 8, 16),
+        CandidateConfig(1, 2, 1, 8, 16),
+    )
     table.record(ran, status="ok", source="measured", step_time_s=0.2, step_times=[0.2])
     table.record(crashed, status="infeasible", source="measured", reason="OutOfMemoryError: CUDA out of memory")
     assert table.feasible(ran, _need(100), 10 * GIB) == (True, "")  # ran although the model says no
@@ -58,7 +62,7 @@ def test_measured_outcomes_override_the_memory_model():
 def test_measured_peaks_above_the_model_make_it_more_careful():
     table = ProfileTable(KEY)
     table.record(
-        Config(2, 1, 1, 8, 16),
+        CandidateConfig(2, 1, 1, 8, 16),
         status="ok",
         source="measured",
         step_time_s=0.2,
@@ -67,7 +71,7 @@ def test_measured_peaks_above_the_model_make_it_more_careful():
         model_memory_bytes=2 * GIB,
     )
     assert table.memory_calibration() == pytest.approx(1.5)
-    assert table.feasible(Config(1, 2, 1, 8, 16), _need(8), 10 * GIB)[0] is False  # 8 x 1.5 > 10
+    assert table.feasible(CandidateConfig(1, 2, 1, 8, 16), _need(8), 10 * GIB)[0] is False  # 8 x 1.5 > 10
 
 
 def test_fit_stores_the_model_and_held_out_errors():
@@ -78,9 +82,11 @@ def test_fit_stores_the_model_and_held_out_errors():
     for mbs in (2, 4):
         for gbs in (8, 16, 32, 64):
             t = 0.01 + 0.004 * gbs + 0.002 * gbs / mbs
-            table.record(Config(2, 1, 1, mbs, gbs), status="ok", source="measured", step_time_s=t, step_times=[t])
+            table.record(
+                CandidateConfig(2, 1, 1, mbs, gbs), status="ok", source="measured", step_time_s=t, step_times=[t]
+            )
     model = table.fit(shape, 4)
     assert model["error"]["folds"] == 4 and model["error"]["mape"] < 0.05
     assert all("cv_ape" in r and "fitted_step_time_s" in r for r in table.rows)
     fitted = table.step_time_model(shape)
-    assert fitted.step_time(Config(2, 1, 1, 4, 48)) == pytest.approx(0.01 + 0.004 * 48 + 0.002 * 12, rel=0.05)
+    assert fitted.step_time(CandidateConfig(2, 1, 1, 4, 48)) == pytest.approx(0.01 + 0.004 * 48 + 0.002 * 12, rel=0.05)

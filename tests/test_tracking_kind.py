@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from copus.cluster.compare import comparison_columns, final_configs, speedup_metrics, speedup_phrase
 from copus.cluster.driver import run_label
 from copus.config import config_from_mapping
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.tracking import (
     EXPERIMENT_KIND_TAG,
     MODEL_TRAINING_KIND,
@@ -34,7 +34,7 @@ def test_experiments_are_tagged_as_model_training(tmp_path):
 
 def test_a_run_is_named_by_policy_gbs_and_layout(base_mapping):
     cfg = config_from_mapping(base_mapping, ["policy.name=static"])
-    assert run_label(cfg, Config(2, 1, 1, 2, 8)) == "test static gbs8 dp2-tp1-pp1 mbs2"
+    assert run_label(cfg, CandidateConfig(2, 1, 1, 2, 8)) == "test static gbs8 dp2-tp1-pp1 mbs2"
 
 
 def test_a_results_view_is_shared_and_finished_runs_are_named_by_their_outcome(tmp_path):
@@ -57,7 +57,7 @@ def test_a_results_view_is_shared_and_finished_runs_are_named_by_their_outcome(t
 
 def test_a_comparison_parent_carries_its_figures_per_policy():
     runs = [
-        {"policy": p, "final_layout": Config(*shape).__dict__}
+        {"policy": p, "final_layout": CandidateConfig(*shape).__dict__}
         for p, shape in (
             ("copus", (2, 1, 2, 16, 64)),
             ("copus", (2, 1, 2, 16, 64)),

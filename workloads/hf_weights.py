@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from copus.parallel.reshard import global_box, local_tensor
+from copus.parallel.redistribute import global_box, local_tensor
 from workloads.hf_config import hf_name
 from workloads.hf_files import weight_map
 

@@ -109,7 +109,7 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
 
 def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from copus.cluster.driver import run_experiment  # imports ray: only for commands that need it
-    from copus.progress import summary_text
+    from copus.cluster.progress import summary_text
     from workloads.corpus import DatasetError
 
     try:
@@ -166,8 +166,8 @@ def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    from copus.cluster.profile_table import ProfileTableError
     from copus.cluster.profiler import run_profile
-    from copus.profile_table import ProfileTableError
     from workloads.corpus import DatasetError
 
     try:
@@ -300,8 +300,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from copus.sim_config import load_sim_config
-    from copus.simulate import run_simulation, simulation_text
+    from copus.sim.config import load_sim_config
+    from copus.sim.run import run_simulation, simulation_text
 
     try:
         cfg = load_sim_config(args.simulation, args.overrides)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from copus.core.efficiency import EfficiencyForm
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 
 
@@ -22,12 +23,12 @@ class ConfigError(ValueError):
     """A config problem, already phrased as one line ``path: what is wrong``."""
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # Unknown keys are refused: a typo must never silently fall back to a default.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DatasetConfig(_Section):
+class DatasetConfig(Section):
     # stdlib: the Python standard library's source, built on first use (no download).
     kind: Literal["stdlib", "txt", "jsonl", "parquet", "bin"] = "stdlib"
     path: str | None = None  # txt/jsonl/parquet: a file, a directory of such files, or a glob pattern
@@ -38,7 +39,7 @@ class DatasetConfig(_Section):
     cache_dir: str | None = None  # default: $COPUS_CACHE or ~/.cache/copus
 
 
-class WorkloadConfig(_Section):
+class WorkloadConfig(Section):
     model: str = "tiny"
     seq_len: int = Field(128, ge=8)
     dataset: DatasetConfig = DatasetConfig()
@@ -52,7 +53,7 @@ class WorkloadConfig(_Section):
         # With init_from the shape comes from its config.json; the model is named after the directory.
         if isinstance(data, dict) and data.get("init_from"):
             if data.get("model") is not None:  # `--set workload.model=null` drops a template's model
-                raise _FieldProblem(
+                raise FieldProblem(
                     "workload.model",
                     "leave it out when workload.init_from is set (the shape comes from the directory's config.json)",
                 )
@@ -60,7 +61,7 @@ class WorkloadConfig(_Section):
         return data
 
 
-class OptimizerConfig(_Section):
+class OptimizerConfig(Section):
     name: Literal["adamw"] = "adamw"
     lr: float = Field(3e-3, gt=0.0)
     reference_gbs: int = Field(16, ge=1)  # the GBS at which `lr` is the right LR
@@ -71,7 +72,7 @@ class OptimizerConfig(_Section):
     grad_clip: float | None = Field(1.0, gt=0.0)
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     # Counted in samples, not steps: the step length changes when the GBS does.
     warmup_samples: int = Field(0, ge=0)
     decay: Literal["constant", "cosine"] = "constant"
@@ -79,28 +80,28 @@ class ScheduleConfig(_Section):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
 
 
-class BatchConfig(_Section):
+class BatchConfig(Section):
     gbs: int = Field(16, ge=1)
     mbs: int = Field(4, ge=1)
 
 
-class ParallelConfig(_Section):
+class ParallelConfig(Section):
     dp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
 
 
-class GNSConfig(_Section):
+class GNSConfig(Section):
     enabled: bool = True
     smoothing: float = Field(0.999, gt=0.0, lt=1.0)  # EMA factor per reference batch: theta = s ** (gbs / b0)
     critical_factor: float = Field(2.0, gt=0.0)  # critical batch size = factor x B_noise (COPUS: 2.0)
     precondition: Literal["none", "adam"] = "none"  # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
 
 
-class PolicyConfig(_Section):
+class PolicyConfig(Section):
     name: PolicyName = "static"
-    efficiency: Literal["pollux", "lr-aware"] = "pollux"  # statistical-efficiency form (copus.core.efficiency)
+    efficiency: EfficiencyForm = "pollux"  # statistical-efficiency form (copus.core.efficiency)
     threshold: float = Field(0.10, ge=0.0)  # switch only when the best beats the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured
@@ -111,7 +112,7 @@ class PolicyConfig(_Section):
     )
 
 
-class StopConfig(_Section):
+class StopConfig(Section):
     target_val_loss: float | None = Field(None, gt=0.0)
     max_steps: int | None = Field(None, ge=1)
     max_samples: int | None = Field(None, ge=1)
@@ -121,18 +122,18 @@ class StopConfig(_Section):
     max_nonfinite_steps: int = Field(3, ge=0)
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every_steps: int = Field(20, ge=1)
     val_samples: int = Field(64, ge=1)
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     every_steps: int = Field(50, ge=1)
     every_s: float | None = Field(None, gt=0.0)  # also checkpoint when this much wall-clock has passed
     keep: int = Field(2, ge=1)
 
 
-class ClusterConfig(_Section):
+class ClusterConfig(Section):
     num_workers: int = Field(1, ge=1)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0.0)
@@ -146,7 +147,7 @@ class ClusterConfig(_Section):
     memory_margin: float = Field(0.1, ge=0.0, lt=1.0)  # share of it the memory model keeps free
 
 
-class SearchConfig(_Section):
+class SearchConfig(Section):
     """The configurations the profiler measures and the controller may choose from."""
 
     gbs_min: int | None = Field(None, ge=1)  # default: batch.gbs
@@ -155,7 +156,7 @@ class SearchConfig(_Section):
     layouts: list[tuple[int, int, int]] | None = None  # [dp, tp, pp] each; default: every valid layout
 
 
-class ProfileConfig(_Section):
+class ProfileConfig(Section):
     budget_s: float = Field(300.0, gt=0.0)  # measuring stops once this much wall-clock is spent
     warmup_steps: int = Field(2, ge=0)  # steps per configuration before timing (shape changes, caches)
     steps: int = Field(5, ge=1)  # timed steps per configuration (the median is kept)
@@ -167,7 +168,7 @@ class ProfileConfig(_Section):
     table_dir: str | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
-class CalibrationConfig(_Section):
+class CalibrationConfig(Section):
     """`copus calibrate`: branch a reference run at a few points and continue from each at every
     GBS of a grid until the validation loss has dropped by `decrement` (copus.core.calibration)."""
 
@@ -183,13 +184,13 @@ class CalibrationConfig(_Section):
     cpus_per_trial: float | None = Field(None, gt=0.0)  # Ray Tune resources per run; default: the driver's cores
 
 
-class TrackingConfig(_Section):
+class TrackingConfig(Section):
     uri: str | None = None  # default: sqlite:///<cwd>/mlflow.db
     experiment: str = "copus"
     run_name: str | None = None
 
 
-class ExperimentConfig(_Section):
+class ExperimentConfig(Section):
     name: str = "experiment"
     workload: WorkloadConfig = WorkloadConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -278,7 +279,7 @@ class ExperimentConfig(_Section):
         return Path(self.output_dir).expanduser().resolve()
 
 
-class _FieldProblem(ValueError):
+class FieldProblem(ValueError):
     def __init__(self, path: str, message: str):
         super().__init__(f"{path}: {message}")
 
@@ -289,54 +290,54 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
 
     p, b, s = cfg.parallel, cfg.batch, cfg.stop
     if cfg.workload.init_from is None and cfg.workload.model not in FLAVOURS:
-        raise _FieldProblem(
+        raise FieldProblem(
             "workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(sorted(FLAVOURS))})"
         )
     flavour = _checked_flavour(cfg)
     if not flavour.trainable_on_cpu and not cfg.cluster.use_gpu:
-        raise _FieldProblem(
+        raise FieldProblem(
             "workload.model",
             f"{flavour.name!r} ({flavour.param_count() / 1e9:.1f}B parameters) is a shape description for GPU clusters; set cluster.use_gpu: true",
         )
     if cfg.workload.seq_len > flavour.max_seq_len:
-        raise _FieldProblem(
+        raise FieldProblem(
             "workload.seq_len", f"{cfg.workload.seq_len} exceeds the flavour's max_seq_len {flavour.max_seq_len}"
         )
     problems = layout_problems(p.dp, p.tp, p.pp, flavour.shape(), cfg.cluster.num_workers, b.gbs, b.mbs)
     if problems:
-        raise _FieldProblem(*problems[0])
+        raise FieldProblem(*problems[0])
     if cfg.eval.val_samples // p.dp < p.pp:
-        raise _FieldProblem(
+        raise FieldProblem(
             "eval.val_samples",
             f"{cfg.eval.val_samples} gives each of the {p.dp} replicas fewer "
             f"validation samples than the {p.pp} pipeline stages",
         )
     if cfg.optimizer.lr_scaling == "adascale" and not cfg.gns.enabled:
-        raise _FieldProblem("optimizer.lr_scaling", "adascale needs the gradient noise scale: set gns.enabled: true")
+        raise FieldProblem("optimizer.lr_scaling", "adascale needs the gradient noise scale: set gns.enabled: true")
     if cfg.policy.name != "static" and not cfg.gns.enabled:
-        raise _FieldProblem(
+        raise FieldProblem(
             "policy.name", f"{cfg.policy.name!r} adapts to the gradient noise scale: set gns.enabled: true"
         )
     if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):
-        raise _FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
+        raise FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
     if cfg.schedule.decay == "cosine" and cfg.schedule.decay_samples is None:
-        raise _FieldProblem("schedule.decay_samples", "required when schedule.decay is 'cosine'")
+        raise FieldProblem("schedule.decay_samples", "required when schedule.decay is 'cosine'")
     ds = cfg.workload.dataset
     _check_tokenizer(cfg, flavour.vocab_size)
     if ds.kind == "stdlib":
         if ds.path is not None:
-            raise _FieldProblem("workload.dataset.path", "must be empty when workload.dataset.kind is 'stdlib'")
+            raise FieldProblem("workload.dataset.path", "must be empty when workload.dataset.kind is 'stdlib'")
     else:
         if ds.path is None:
-            raise _FieldProblem("workload.dataset.path", f"required when workload.dataset.kind is {ds.kind!r}")
+            raise FieldProblem("workload.dataset.path", f"required when workload.dataset.kind is {ds.kind!r}")
         _check_dataset_files(ds)
         if ds.kind == "bin" and flavour.vocab_size > 2**16 and ds.dtype == "uint16":
-            raise _FieldProblem(
+            raise FieldProblem(
                 "workload.dataset.dtype",
                 f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)",
             )
     if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
-        raise _FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
+        raise FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
     _check_search(cfg, flavour.shape())
 
 
@@ -351,7 +352,7 @@ def _checked_flavour(cfg: ExperimentConfig):
             check_weights(cfg.workload.init_from, flavour)
         return flavour
     except HFModelError as err:
-        raise _FieldProblem("workload.init_from", str(err)) from None
+        raise FieldProblem("workload.init_from", str(err)) from None
 
 
 def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
@@ -361,13 +362,13 @@ def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
     if tok is None:
         return
     if kind in ("stdlib", "bin"):
-        raise _FieldProblem("workload.tokenizer", f"applies to txt, jsonl and parquet data, not {kind!r}")
+        raise FieldProblem("workload.tokenizer", f"applies to txt, jsonl and parquet data, not {kind!r}")
     try:
         size = tokenizer_vocab_size(tok)
     except TokenizerError as err:
-        raise _FieldProblem("workload.tokenizer", str(err)) from None
+        raise FieldProblem("workload.tokenizer", str(err)) from None
     if size > vocab_size:
-        raise _FieldProblem(
+        raise FieldProblem(
             "workload.tokenizer", f"{tok} has {size} tokens, more than the model's vocabulary of {vocab_size}"
         )
 
@@ -379,9 +380,9 @@ def _check_dataset_files(ds: DatasetConfig) -> None:
         if value is None:
             continue
         if ds.kind == "bin" and not Path(value).expanduser().is_file():
-            raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
+            raise FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
         if ds.kind != "bin" and not source_files(value, ds.kind):
-            raise _FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
+            raise FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
 
 
 def _check_search(cfg: ExperimentConfig, shape) -> None:
@@ -390,36 +391,36 @@ def _check_search(cfg: ExperimentConfig, shape) -> None:
 
     lo, hi = cfg.gbs_bounds()
     if lo > hi:
-        raise _FieldProblem("search.gbs_min", f"{lo} exceeds search.gbs_max {hi}")
+        raise FieldProblem("search.gbs_min", f"{lo} exceeds search.gbs_max {hi}")
     if not lo <= cfg.batch.gbs <= hi:
-        raise _FieldProblem("batch.gbs", f"{cfg.batch.gbs} is outside search.gbs_min..gbs_max = {lo}..{hi}")
+        raise FieldProblem("batch.gbs", f"{cfg.batch.gbs} is outside search.gbs_min..gbs_max = {lo}..{hi}")
     mbs = cfg.search.mbs
     if mbs is not None:
         if not mbs or min(mbs) < 1:
-            raise _FieldProblem("search.mbs", f"must list positive micro-batch sizes (got {mbs})")
+            raise FieldProblem("search.mbs", f"must list positive micro-batch sizes (got {mbs})")
         if cfg.batch.mbs not in mbs:
-            raise _FieldProblem("search.mbs", f"must include batch.mbs {cfg.batch.mbs} (got {mbs})")
+            raise FieldProblem("search.mbs", f"must include batch.mbs {cfg.batch.mbs} (got {mbs})")
     if cfg.search.layouts is not None:
         if not cfg.search.layouts:
-            raise _FieldProblem("search.layouts", "must list at least one [dp, tp, pp]")
+            raise FieldProblem("search.layouts", "must list at least one [dp, tp, pp]")
         for i, (dp, tp, pp) in enumerate(cfg.search.layouts):
             problems = layout_problems(dp, tp, pp, shape, cfg.cluster.num_workers)
             if problems:
-                raise _FieldProblem(f"search.layouts.{i}", f"[{dp}, {tp}, {pp}]: {problems[0][1]}")
+                raise FieldProblem(f"search.layouts.{i}", f"[{dp}, {tp}, {pp}]: {problems[0][1]}")
         p = cfg.parallel
         if (p.dp, p.tp, p.pp) not in [tuple(x) for x in cfg.search.layouts]:
-            raise _FieldProblem(
+            raise FieldProblem(
                 "search.layouts", f"must include the starting layout parallel = [{p.dp}, {p.tp}, {p.pp}]"
             )
 
 
-def _format_pydantic_error(err: ValidationError) -> str:
+def format_pydantic_error(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(part) for part in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
-    elif first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"), _FieldProblem):
+    elif first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"), FieldProblem):
         return str(first["ctx"]["error"])
     elif "input" in first and first["type"] not in ("missing",):
         msg = f"{msg} (got {first['input']!r})"
@@ -456,7 +457,7 @@ def config_from_mapping(raw: Any, overrides: list[str] | None = None) -> Experim
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_pydantic_error(err)) from None
+        raise ConfigError(format_pydantic_error(err)) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -495,7 +496,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     return config_from_mapping(read_yaml(path), overrides)
 
 
-class SuiteConfig(_Section):
+class SuiteConfig(Section):
     """A comparison suite: one experiment run under several policies (`copus compare`)."""
 
     name: str = "comparison"
@@ -530,7 +531,7 @@ def load_suite(path: str | os.PathLike, overrides: list[str] | None = None) -> t
     try:
         suite = SuiteConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"{path}: {_format_pydantic_error(err)}") from None
+        raise ConfigError(f"{path}: {format_pydantic_error(err)}") from None
     if len(set(suite.policies)) != len(suite.policies) or not suite.policies:
         raise ConfigError(f"{path}: policies: list each policy once, at least one (got {suite.policies})")
     if isinstance(suite.experiment, dict):

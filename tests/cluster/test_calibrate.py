@@ -16,8 +16,8 @@ from copus.cluster.calibrate import load_calibration, run_calibration
 from copus.cluster.launch import prepare_plan
 from copus.config import config_from_mapping
 from copus.core.calibration import CalibratedMapping
-from copus.core.planner import planner_for
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
+from copus.core.planner import Planner
 
 GRID = [2, 4, 8, 32]
 SETTINGS = [
@@ -57,7 +57,7 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     tokens, _ = prepare_plan(cfg)
     stored = load_calibration(cfg, tokens.fingerprint)
     assert stored is not None and stored["id"] == data["id"]
-    planner = planner_for({Config(1, 1, 1, 2, g): 1.0 for g in (4, 8)}, 8, "pollux", 2.0, 0.1, stored)
+    planner = Planner.from_table({CandidateConfig(1, 1, 1, 2, g): 1.0 for g in (4, 8)}, 8, "pollux", 2.0, 0.1, stored)
     assert isinstance(planner.mapping, CalibratedMapping)
 
     # MLflow: one parent with the fits, a child per continuation.

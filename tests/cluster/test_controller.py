@@ -15,10 +15,10 @@ from mlflow.tracking import MlflowClient
 
 from copus.cluster.driver import run_experiment
 from copus.cluster.launch import prepare_plan
+from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.profiler import detect_hardware, workload_key
 from copus.config import config_from_mapping
-from copus.core.throughput import Config
-from copus.profile_table import ProfileTable, profile_key
+from copus.core.layout import CandidateConfig
 from copus.train.local import run_local
 from tests.train.loop_helpers import shapes_hook
 
@@ -40,7 +40,7 @@ def _write_scripted_profile(cfg) -> None:
     table = ProfileTable(key)
     for (dp, tp, pp, gbs), per_s in SCRIPTED.items():
         table.record(
-            Config(dp, tp, pp, 2, gbs),
+            CandidateConfig(dp, tp, pp, 2, gbs),
             status="ok",
             source="measured",
             step_time_s=gbs / per_s,
@@ -112,7 +112,7 @@ def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
 
     # Reference: one process, the same GBS changes at the same steps, no layout change.
     _, plan = prepare_plan(cfg)
-    reference = replace(plan, dp=1, stop=replace(plan.stop, max_wall_clock_s=None, max_steps=summary["steps"]))
+    reference = plan.replaced(dp=1, stop=replace(plan.stop, max_wall_clock_s=None, max_steps=summary["steps"]))
     shapes = {first["step"]: (16, 2), second["step"]: (32, 2)}
     records, final, _ = run_local(reference, tmp_path / "ref-ckpt", batch_size=shapes_hook(shapes))
     ref_losses = {r["step"]: r["train_loss"] for r in records if r["kind"] == "step"}

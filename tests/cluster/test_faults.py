@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,7 +53,7 @@ def test_a_killed_worker_costs_the_steps_since_the_last_checkpoint_and_no_sample
 
     # The uninterrupted run, in this process: the same data order and losses.
     _, plan = prepare_plan(cfg)
-    records, _, _ = run_local(replace(plan, dp=1, checkpoint_every_steps=100), tmp_path / "ref")
+    records, _, _ = run_local(plan.replaced(dp=1, checkpoint_every_steps=100), tmp_path / "ref")
     reference = {r["step"]: r["train_loss"] for r in records if r["kind"] == "step"}
     stream = TrainStream(TokenWindows(plan.train_tokens, plan.token_dtype, plan.seq_len), plan.seed)
     expected_ids = [int(i) for _ in range(12) for i in stream.next_global_batch(8)]

@@ -19,9 +19,9 @@ from copus.core.calibration import (
     smoothed_crossing,
     with_noise_scales,
 )
-from copus.core.planner import Planner, SwitchCosts, planner_for
+from copus.core.layout import CandidateConfig
+from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
-from copus.core.throughput import Config
 
 GRID = [4, 8, 16, 32, 64]
 
@@ -94,14 +94,14 @@ def test_a_calibration_round_trips_through_its_json():
 
 
 def test_cbs_and_copus_read_the_same_mapping():
-    cands = [Config(2, 1, 1, 4, g) for g in (8, 16, 32, 64, 128)]
+    cands = [CandidateConfig(2, 1, 1, 4, g) for g in (8, 16, 32, 64, 128)]
     rising = {c: 100.0 * (c.gbs / 8) ** 0.6 for c in cands}
     late = with_noise_scales(
         fit_branch(2.2, 0.2, 3200, {b: [900 * (1 + b / 60)] * 2 for b in GRID}, 16), 10.0, 9.0, 5.0
     )
     cal = {"id": "t", "branch_points": [late.as_dict()]}
-    p = planner_for(rising, 16, "lr-aware", 2.0, 0.1, cal)
-    configured = planner_for(rising, 16, "lr-aware", 2.0, 0.1)
+    p = Planner.from_table(rising, 16, "lr-aware", 2.0, 0.1, cal)
+    configured = Planner.from_table(rising, 16, "lr-aware", 2.0, 0.1)
     assert isinstance(configured.mapping, NoiseScaleMapping) and isinstance(p.mapping, CalibratedMapping)
     costs = SwitchCosts(0.0, 0.0)
     start = cands[1]
@@ -114,7 +114,7 @@ def test_cbs_and_copus_read_the_same_mapping():
 
 
 def test_the_default_planner_keeps_the_configured_factor():
-    cands = [Config(1, 1, 1, 4, g) for g in (16, 64)]
+    cands = [CandidateConfig(1, 1, 1, 4, g) for g in (16, 64)]
     p = Planner(cands, lambda cs: np.ones(len(cs)), 16, "lr-aware", 2.0)
     assert p.critical_batch(10.0) == 20.0
     assert p.score(cands[1], 10.0).efficiency == pytest.approx((20 + 16) / (20 + 64))

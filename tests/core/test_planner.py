@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, SwitchCosts, change_kind, same_shape
 from copus.core.policies import POLICIES, decide, initial_config, nearest_gbs
 from copus.core.search import candidates, gbs_grid, valid_layouts
-from copus.core.throughput import Config, StepTimeModel, StepTimeParams
+from copus.core.throughput import StepTimeModel, StepTimeParams
 from workloads.flavours import FLAVOURS
 
 SHAPE = FLAVOURS["small"].shape()
@@ -83,15 +84,21 @@ def test_hysteresis_and_switch_costs():
 
 
 def test_switch_costs_by_what_changes():
-    a = Config(2, 1, 1, 2, 16)
+    a = CandidateConfig(2, 1, 1, 2, 16)
     costs = SwitchCosts(layout_s=7.0, mbs_s=1.0)
-    assert [change_kind(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == [
+    assert [
+        change_kind(a, b)
+        for b in (a, CandidateConfig(2, 1, 1, 2, 32), CandidateConfig(2, 1, 1, 4, 16), CandidateConfig(1, 1, 2, 4, 16))
+    ] == [
         "none",
         "gbs",
         "mbs",
         "layout",
     ]
-    assert [costs.of(a, b) for b in (a, Config(2, 1, 1, 2, 32), Config(2, 1, 1, 4, 16), Config(1, 1, 2, 4, 16))] == [
+    assert [
+        costs.of(a, b)
+        for b in (a, CandidateConfig(2, 1, 1, 2, 32), CandidateConfig(2, 1, 1, 4, 16), CandidateConfig(1, 1, 2, 4, 16))
+    ] == [
         0.0,
         0.0,
         1.0,
@@ -130,7 +137,7 @@ def test_pipeline_heavy_at_small_gbs_and_data_parallel_heavy_at_large():
 
 def test_policies_share_the_planner_and_differ_in_the_decision():
     p = planner()
-    start = Config(8, 1, 1, 2, 16)
+    start = CandidateConfig(8, 1, 1, 2, 16)
     assert initial_config("cbs", p, start) == start
     # copus starts where static (best layout for batch.gbs) starts: a comparison measures adaptation.
     assert initial_config("copus", p, start) == initial_config("static", p, start, "best")
@@ -148,8 +155,8 @@ def test_policies_share_the_planner_and_differ_in_the_decision():
 
 def test_copus_gbs_chooses_the_gbs_by_goodput_and_keeps_the_layout():
     p = planner()
-    start = initial_config("copus-gbs", p, Config(8, 1, 1, 2, 16))
-    assert start == initial_config("copus", p, Config(8, 1, 1, 2, 16))  # the ablation starts where copus does
+    start = initial_config("copus-gbs", p, CandidateConfig(8, 1, 1, 2, 16))
+    assert start == initial_config("copus", p, CandidateConfig(8, 1, 1, 2, 16))  # the ablation starts where copus does
     costs = SwitchCosts(0.0, 0.0)  # free moves: only the policies' constraints differ
     full, ablation = (decide(name, p, start, 400.0, 2.0, 60, costs) for name in ("copus", "copus-gbs"))
     assert ablation.switch and same_shape(ablation.target, start) and ablation.target.gbs > start.gbs

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.core.layout import stage_layer_ranges
-from copus.core.reshard import Box, ReshardError, plan_transfers, traffic
+from copus.core.transfer_plan import Box, ReshardError, plan_transfers, traffic
 
 # A small decoder's state: (shape, dim sharded by tensor parallelism or None, layer or None
 # for the embedding (first stage) / head (last stage)).

@@ -13,7 +13,8 @@ import pytest
 
 from copus.config import ConfigError
 from copus.core import planner as planner_module
-from copus.core.hardware import NODES
+from copus.core.datasheets import NODES
+from copus.core.layout import CandidateConfig
 from copus.core.simulator import (
     CalibratedCriticalBatch,
     Cluster,
@@ -25,8 +26,7 @@ from copus.core.simulator import (
     simulate,
     step_time,
 )
-from copus.core.throughput import Config
-from copus.sim_config import load_sim_config, setting_from
+from copus.sim.config import load_sim_config, setting_from
 from workloads.flavours import FLAVOURS
 
 SHAPE_13B = FLAVOURS["llama-2-13b"].shape()
@@ -39,7 +39,7 @@ def setting(**changes) -> Setting:
         cluster,
         SHAPE_13B,
         4096,
-        Config(2, 2, 4, 1, 256),
+        CandidateConfig(2, 2, 4, 1, 256),
         gbs_min=64,
         gbs_max=2048,
         mbs=(1, 2),
@@ -80,7 +80,7 @@ def test_faster_hardware_shortens_the_time_to_target():
     quick = replace(s, cluster=Cluster(faster, 2))
     for policy in ("static", "copus"):
         assert simulate(quick, policy).time_to_target_s < simulate(s, policy).time_to_target_s
-    cfg = Config(2, 2, 4, 1, 256)
+    cfg = CandidateConfig(2, 2, 4, 1, 256)
     assert step_time(quick.cluster, SHAPE_13B, 4096, cfg) < step_time(s.cluster, SHAPE_13B, 4096, cfg)
 
 

@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copus.core.layout import bubble_fraction
+from copus.core.layout import CandidateConfig, bubble_fraction
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import (
-    Config,
     Measurement,
     StepTimeModel,
     StepTimeParams,
@@ -69,12 +68,12 @@ def test_a_noisy_outlier_does_not_drag_the_fit():
 def test_more_microbatches_shrink_the_bubble_fraction(pp, m):
     m = max(m, pp)
     assert bubble_fraction(pp, m + 1) < bubble_fraction(pp, m)
-    a, b = (TRUE_MODEL.terms(Config(1, 1, pp, 2, 2 * k)) for k in (m, m + 1))
+    a, b = (TRUE_MODEL.terms(CandidateConfig(1, 1, pp, 2, 2 * k)) for k in (m, m + 1))
     assert b.bubble / b.step < a.bubble / a.step
 
 
 def test_larger_dp_raises_all_reduce_time_for_the_same_gradient():
-    times = [TRUE_MODEL.terms(Config(dp, 1, 1, 2, 2 * dp * 4)).dp_allreduce for dp in (1, 2, 4, 8, 16)]
+    times = [TRUE_MODEL.terms(CandidateConfig(dp, 1, 1, 2, 2 * dp * 4)).dp_allreduce for dp in (1, 2, 4, 8, 16)]
     assert times[0] == 0.0
     assert all(b > a for a, b in zip(times, times[1:]))
 
@@ -82,7 +81,7 @@ def test_larger_dp_raises_all_reduce_time_for_the_same_gradient():
 @settings(max_examples=50)
 @given(st.sampled_from(candidates(valid_layouts(8, SHAPE), [2, 4], [16, 32, 64], SHAPE)))
 def test_step_time_grows_with_gbs_and_is_positive(cfg):
-    bigger = Config(cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs * 2)
+    bigger = CandidateConfig(cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs * 2)
     assert 0 < TRUE_MODEL.step_time(cfg) < TRUE_MODEL.step_time(bigger)
     assert TRUE_MODEL.throughput(cfg) == pytest.approx(cfg.gbs / TRUE_MODEL.step_time(cfg))
 
@@ -95,8 +94,8 @@ def test_overlap_never_makes_a_step_slower_than_no_overlap():
 
 def test_model_knows_when_it_extrapolates():
     fitted = fit_step_time_model([p for p in synthetic(8) if p.config.tp == 1], SHAPE)
-    assert not fitted.extrapolates(Config(4, 1, 2, 2, 32))
-    assert fitted.extrapolates(Config(4, 2, 1, 2, 32))
+    assert not fitted.extrapolates(CandidateConfig(4, 1, 2, 2, 32))
+    assert fitted.extrapolates(CandidateConfig(4, 2, 1, 2, 32))
 
 
 def test_gbs_grid_spacing_and_bounds():

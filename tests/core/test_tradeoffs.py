@@ -6,18 +6,18 @@ import math
 
 import pytest
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import fastest_by_gbs, tradeoff_lines, tradeoffs
 
 
 def test_fastest_per_gbs_and_the_figures_of_both_trade_offs():
     measured = {
-        Config(4, 1, 1, 1, 4): 30.0,
-        Config(1, 1, 4, 1, 4): 20.0,
-        Config(2, 1, 2, 1, 4): float("nan"),
-        Config(4, 1, 1, 16, 256): 120.0,
-        Config(1, 1, 4, 16, 256): 150.0,
-        Config(4, 1, 1, 4, 64): 140.0,
+        CandidateConfig(4, 1, 1, 1, 4): 30.0,
+        CandidateConfig(1, 1, 4, 1, 4): 20.0,
+        CandidateConfig(2, 1, 2, 1, 4): float("nan"),
+        CandidateConfig(4, 1, 1, 16, 256): 120.0,
+        CandidateConfig(1, 1, 4, 16, 256): 150.0,
+        CandidateConfig(4, 1, 1, 4, 64): 140.0,
     }
     rows = fastest_by_gbs(measured)
     assert [(r["gbs"], r["shape"]) for r in rows] == [
@@ -35,7 +35,7 @@ def test_fastest_per_gbs_and_the_figures_of_both_trade_offs():
 
 
 def test_a_flat_space_says_so_and_missing_parts_are_left_out():
-    t = tradeoffs({Config(2, 1, 1, 4, 8): 100.0, Config(2, 1, 1, 4, 16): 105.0}, [{"b_crit": 3.0}])
+    t = tradeoffs({CandidateConfig(2, 1, 1, 4, 8): 100.0, CandidateConfig(2, 1, 1, 4, 16): 105.0}, [{"b_crit": 3.0}])
     assert not t["fastest_shape_changes"] and "b_crit_growth" not in t
     assert "are the same at both ends" in tradeoff_lines(t)[0]
     assert tradeoffs({}) == {"fastest_by_gbs": []} and tradeoff_lines(tradeoffs({})) == []

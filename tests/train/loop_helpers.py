@@ -3,9 +3,9 @@ processes, without Ray."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
+from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from copus.train.local import run_local, run_on_gloo_ranks
 from copus.train.plan import StopRule, WorkerPlan
@@ -21,16 +21,14 @@ def small_plan(cache_dir: Path, **changes) -> WorkerPlan:
         train_tokens=str(files.train),
         val_tokens=str(files.val),
         token_dtype=files.dtype,
-        gbs=8,
-        mbs=2,
-        dp=1,
+        config=CandidateConfig(dp=1, tp=1, pp=1, mbs=2, gbs=8),
         lr=LRSchedule(3e-3, 8, warmup_samples=16),
         stop=StopRule(max_steps=6),
         eval_every_steps=3,
         val_samples=8,
         checkpoint_every_steps=3,
     )
-    return replace(plan, **changes)
+    return plan.replaced(**changes)
 
 
 def shapes_hook(shapes: dict[int, tuple[int, int]] | None):

@@ -3,7 +3,6 @@ whatever the layout or micro-batch size."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +57,7 @@ def brute_force_b_noise(plan, checkpoint: Path, n: int, seed: int) -> float:
 def test_estimate_is_within_15_percent_of_per_example_brute_force(trained):
     plan, ckpt = trained
     truth = brute_force_b_noise(plan, ckpt, n=2048, seed=0)
-    measured = measure_gns(replace(plan, gbs=32, mbs=8), steps=300, resume_from=ckpt)
+    measured = measure_gns(plan.replaced(gbs=32, mbs=8), steps=300, resume_from=ckpt)
     assert measured["steps"] == 300 and measured["skipped_nonfinite"] == 0
     assert measured["b_noise"] == pytest.approx(truth, rel=0.15), (measured, truth)
 
@@ -73,7 +72,7 @@ def test_estimate_is_the_same_across_layouts_and_micro_batch_sizes(trained):
     plan, ckpt = trained
     estimates = {}
     for (dp, tp, pp), mbs in LAYOUTS:
-        layout_plan = replace(plan, dp=dp, tp=tp, pp=pp, gbs=32, mbs=mbs)
+        layout_plan = plan.replaced(dp=dp, tp=tp, pp=pp, gbs=32, mbs=mbs)
         estimates[(dp, tp, pp, mbs)] = spawn(dp * tp * pp, measure_gns, layout_plan, 200, ckpt)[0]["b_noise"]
     # Sharding changes no number: tp and pp give the single-process estimate itself, and with
     # dp = 2 the micro-batch size does not enter the estimate.

@@ -3,8 +3,6 @@ checkpoint written in one layout continues in any other (gloo, CPU, fp32)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -49,7 +47,7 @@ def test_layout_matches_single_process(reference, tmp_path, layout, schedule):
     plan, ref_records, ref_params = reference
     # m = 16 / (dp x 2) micro-batches per replica: 4 or 8, always more than pp.
     records, final, params = run_distributed(
-        dp * tp * pp, replace(plan, dp=dp, tp=tp, pp=pp, pp_schedule=schedule), tmp_path, tmp_path / "ckpt"
+        dp * tp * pp, plan.replaced(dp=dp, tp=tp, pp=pp, pp_schedule=schedule), tmp_path, tmp_path / "ckpt"
     )
     _assert_matches(ref_records, ref_params, records, params)
     assert final["samples"] == 48
@@ -70,8 +68,7 @@ RESHARD = [
 def test_checkpoint_reshards_across_layouts(reference, tmp_path, before, mbs_before, after, mbs_after):
     plan, ref_records, ref_params = reference
     ckpt = tmp_path / "ckpt"
-    first = replace(
-        plan,
+    first = plan.replaced(
         dp=before[0],
         tp=before[1],
         pp=before[2],
@@ -80,7 +77,7 @@ def test_checkpoint_reshards_across_layouts(reference, tmp_path, before, mbs_bef
         checkpoint_every_steps=2,
     )
     run_distributed(first.dp * first.tp * first.pp, first, tmp_path, ckpt)
-    second = replace(plan, dp=after[0], tp=after[1], pp=after[2], mbs=mbs_after)
+    second = plan.replaced(dp=after[0], tp=after[1], pp=after[2], mbs=mbs_after)
     records, final, params = run_distributed(second.dp * second.tp * second.pp, second, tmp_path, ckpt, resume_step=2)
     ref, got = losses(ref_records), losses(records)
     assert sorted(got) == [3]  # resumed at step 2, the next step's loss matches
@@ -97,7 +94,7 @@ def test_batch_shape_changes_between_steps_within_a_layout(token_cache, tmp_path
 
     plan = small_plan(token_cache, gbs=16, mbs=2, stop=StopRule(max_steps=4), eval_every_steps=4)
     ref_records, _, ref_params = run_distributed(1, plan, tmp_path, tmp_path / "ref", shapes=shapes)
-    records, final, params = run_distributed(4, replace(plan, dp=2, pp=2), tmp_path, tmp_path / "ck", shapes=shapes)
+    records, final, params = run_distributed(4, plan.replaced(dp=2, pp=2), tmp_path, tmp_path / "ck", shapes=shapes)
     _assert_matches(ref_records, ref_params, records, params)
     assert final["samples"] == sum(g for g, _ in shapes.values())
     assert [r["gbs"] for r in records if r["kind"] == "step"] == [16, 8, 24, 16]

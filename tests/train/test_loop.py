@@ -55,7 +55,7 @@ def test_two_data_parallel_workers_match_one_process(token_cache, tmp_path, mbs)
     """dp=2 with m = 8 / (2 x mbs) micro-batches equals one process taking the whole batch."""
     reference = small_plan(token_cache, mbs=8, stop=StopRule(max_steps=4))
     ref_records, _, ref_params = run_local(reference, tmp_path / "ref")
-    plan = replace(reference, dp=2, mbs=mbs)
+    plan = reference.replaced(dp=2, mbs=mbs)
     dp_records, dp_final, dp_params = run_distributed(2, plan, tmp_path, tmp_path / "dp")
     ref, got = losses(ref_records), losses(dp_records)
     for step in ref:

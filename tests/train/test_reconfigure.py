@@ -12,35 +12,35 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.train.data import replica_batch
 from copus.train.faults import Faults
-from copus.train.hardware import release_memory
+from copus.train.host import release_memory
 from copus.train.local import run_local
 from copus.train.loop import build_replica, make_optimizer, train_step
 from copus.train.plan import StopRule
-from copus.train.reconfigure import ReshardFailed, reshard_in_place
+from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
 from tests.train.loop_helpers import losses, small_plan, spawn
 
 pytestmark = pytest.mark.slow
 
 # From (2,2,2) MBS 2 through every layout of the issue on 8 ranks and back, at GBS 16.
 CHAIN = {
-    1: Config(4, 2, 1, 2, 16),
-    2: Config(2, 1, 4, 2, 16),
-    3: Config(8, 1, 1, 1, 16),
-    4: Config(1, 1, 8, 2, 16),
-    5: Config(2, 2, 2, 4, 16),
+    1: CandidateConfig(4, 2, 1, 2, 16),
+    2: CandidateConfig(2, 1, 4, 2, 16),
+    3: CandidateConfig(8, 1, 1, 1, 16),
+    4: CandidateConfig(1, 1, 8, 2, 16),
+    5: CandidateConfig(2, 2, 2, 4, 16),
 }
 
 
 class Scripted:
-    """A stand-in for the controller: {step: Config} decided at that step boundary (picklable)."""
+    """A stand-in for the controller: {step: CandidateConfig} decided at that step boundary (picklable)."""
 
-    def __init__(self, script: dict[int, Config]):
+    def __init__(self, script: dict[int, CandidateConfig]):
         self.script = script
 
-    def __call__(self, step: int, current: Config) -> dict | None:
+    def __call__(self, step: int, current: CandidateConfig) -> dict | None:
         return {"config": self.script[step].__dict__} if step in self.script else None
 
 
@@ -53,7 +53,7 @@ def _in_place_then_restarts(plan, root: Path) -> dict:
         if dist.get_rank() == 0:
             shutil.copytree(root / "in-place" / f"step{k}", root / f"restart{k}" / f"step{k}")
         dist.barrier()
-        again = replace(plan, dp=target.dp, tp=target.tp, pp=target.pp, mbs=target.mbs, stop=StopRule(max_steps=k + 1))
+        again = plan.replaced(dp=target.dp, tp=target.tp, pp=target.pp, mbs=target.mbs, stop=StopRule(max_steps=k + 1))
         restarted[k + 1] = losses(run_local(again, root / f"restart{k}", resume_step=k)[0]).get(k + 1)
     return {"records": records, "final": final, "restarted": restarted}
 
@@ -81,7 +81,7 @@ def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_c
     # (8,1,1) -> (1,1,8): every rank already holds its new stage, nothing crosses the wire.
     assert [r["reshard"]["bytes_moved"] == 0 for r in changes] == [False, False, False, True, False]
     # The same numbers as one process (the layout never changes the mathematics).
-    reference, _, _ = run_local(replace(plan, dp=1, tp=1, pp=1, checkpoint_every_steps=100), tmp_path / "ref")
+    reference, _, _ = run_local(plan.replaced(dp=1, tp=1, pp=1, checkpoint_every_steps=100), tmp_path / "ref")
     for step, loss in losses(reference).items():
         assert in_place[step] == pytest.approx(loss, rel=1e-4), step
     assert out["final"]["samples"] == 7 * 16 and out["final"]["layout"] == {"dp": 2, "tp": 2, "pp": 2}
@@ -89,7 +89,7 @@ def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_c
 
 
 def _fail_then_resume(plan, root: Path) -> dict:
-    to_pipeline = Scripted({2: Config(1, 1, 2, 2, 8)})
+    to_pipeline = Scripted({2: CandidateConfig(1, 1, 2, 2, 8)})
     _, final, _ = run_local(plan, root / "auto", decide=to_pipeline, faults=Faults(fail_reshard=True))
     try:
         run_local(
@@ -99,7 +99,7 @@ def _fail_then_resume(plan, root: Path) -> dict:
     except ReshardFailed as err:
         strict = str(err)
     # What the driver does after the fallback: relaunch in the target layout from the checkpoint.
-    target = replace(plan, dp=1, pp=2, stop=StopRule(max_steps=4))
+    target = plan.replaced(dp=1, pp=2, stop=StopRule(max_steps=4))
     records, _, _ = run_local(target, root / "auto", resume_step=final["step"])
     return {"final": final, "strict": strict, "resumed": losses(records)}
 
@@ -110,7 +110,7 @@ def test_a_failed_in_place_change_falls_back_to_a_restart_with_the_old_state_int
     assert out["final"]["stop_reason"] == "reconfigure" and out["final"]["step"] == 2
     assert out["final"]["reconfigure"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 8, "fell_back": True}
     assert "InjectedReshardFault" in out["strict"]  # reconfigure: in_place does not fall back
-    reference, _, _ = run_local(replace(plan, dp=1), tmp_path / "ref")
+    reference, _, _ = run_local(plan.replaced(dp=1), tmp_path / "ref")
     for step in (3, 4):
         assert out["resumed"][step] == pytest.approx(losses(reference)[step], rel=1e-4)
 
@@ -136,10 +136,10 @@ def _memory_over_changes(plan, changes: int) -> list[dict]:
             model,
             optimizer,
             current,
-            Config(dp, tp, pp, plan.mbs, plan.gbs),
+            CandidateConfig(dp, tp, pp, plan.mbs, plan.gbs),
             lambda m: make_optimizer(m, plan.optimizer, 1e-3),
         )
-        current = replace(current, dp=dp, tp=tp, pp=pp)
+        current = current.replaced(dp=dp, tp=tp, pp=pp)
         release_memory(model.device)  # as the training loop does after a change
         seen.append(stats)
     return seen

@@ -32,10 +32,10 @@ import ray
 from ray import tune
 
 from copus.cluster.launch import ensure_ray, prepare_plan
+from copus.cluster.profile_table import key_id
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.calibration import CalibrationResult, finite_json, fit_branch, with_noise_scales
-from copus.profile_table import key_id
-from copus.run_state import write_json_atomic
+from copus.storage import write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.plan import WorkerPlan
 

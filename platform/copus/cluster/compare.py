@@ -16,9 +16,9 @@ from typing import Callable
 from copus.cluster.driver import run_experiment
 from copus.config import SuiteConfig, config_from_mapping
 from copus.core.comparison import summarize
+from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
-from copus.core.throughput import Config
-from copus.run_state import write_json_atomic
+from copus.storage import write_json_atomic
 from copus.tracking import Tracker, flatten
 
 
@@ -132,7 +132,7 @@ def final_configs(runs: list[dict]) -> dict[str, str]:
     """Parent-run tags: where each policy's runs ended, the most frequent final configuration."""
     out = {}
     for policy in dict.fromkeys(r["policy"] for r in runs):
-        labels = [Config(**r["final_layout"]).label() for r in runs if r["policy"] == policy]
+        labels = [CandidateConfig.from_dict(r["final_layout"]).label() for r in runs if r["policy"] == policy]
         top = max(set(labels), key=labels.count)
         out[f"final_config.{policy}"] = f"{top} ({labels.count(top)}/{len(labels)})"
     return out

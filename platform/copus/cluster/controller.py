@@ -21,15 +21,15 @@ from pathlib import Path
 import ray
 
 from copus.cluster.monitor import RecordQueue
-from copus.core.planner import SwitchCosts, planner_for
+from copus.core.layout import CandidateConfig
+from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
-from copus.core.throughput import Config
 
 
 @dataclass(frozen=True)
 class ControllerSpec:
     policy: str
-    throughputs: tuple[tuple[Config, float], ...]  # memory-feasible search space, samples/s of each
+    throughputs: tuple[tuple[CandidateConfig, float], ...]  # memory-feasible search space, samples/s of each
     b0: int  # reference GBS of the noise scale and the efficiency
     efficiency: str
     critical_factor: float
@@ -44,6 +44,11 @@ class ControllerSpec:
     # The workload's calibration (`copus calibrate`), when one exists: the measured mapping from
     # noise scale and progress to efficiency, instead of the configured factor.
     calibration: dict | None = None
+
+    def planner(self) -> Planner:
+        return Planner.from_table(
+            dict(self.throughputs), self.b0, self.efficiency, self.critical_factor, self.threshold, self.calibration
+        )
 
 
 class Controller(RecordQueue):
@@ -65,9 +70,7 @@ class Controller(RecordQueue):
         goes on from it."""
         super().__init__()
         self.spec = spec
-        self.planner = planner_for(
-            dict(spec.throughputs), spec.b0, spec.efficiency, spec.critical_factor, spec.threshold, spec.calibration
-        )
+        self.planner = spec.planner()
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
         self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
         self.in_place_cost_s = spec.in_place_cost_s if in_place_cost_s is None else in_place_cost_s
@@ -142,7 +145,7 @@ class Controller(RecordQueue):
             return
         self._interval_start = r["wall_clock_s"]
         b_noise = self._decision_b_noise(b_noise)
-        current = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+        current = CandidateConfig.from_dict(r)
         d = decide(
             self.spec.policy,
             self.planner,
@@ -177,7 +180,7 @@ class Controller(RecordQueue):
         self.evaluations.append(entry)
         if d.switch:
             self.pending = {
-                "config": d.target.__dict__,
+                "config": d.target.as_dict(),
                 "change": d.kind,
                 "cost_s": d.cost_s,
                 "reason": d.reason,

@@ -19,7 +19,6 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import replace
 from typing import Callable
 
 import ray
@@ -30,24 +29,23 @@ from copus.cluster.controller import ControllerSpec, GoodputController
 from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
-from copus.cluster.worker import gns_worker, train_worker
-from copus.config import ConfigError, ExperimentConfig
-from copus.core.planner import change_kind, planner_for
-from copus.core.policies import initial_config
-from copus.core.throughput import Config
-from copus.progress import progress_line, reconfiguration_line, summary_text
-from copus.run_state import (
+from copus.cluster.progress import progress_line, reconfiguration_line, summary_text
+from copus.cluster.run_state import (
     CONTROLLER_STATE,
     FAULT_MARKERS,
-    RAY_RUN_NAME,
     RECORDS_LOG,
     clear_run,
     load_run_state,
-    ray_storage,
     resume_config,
     resume_key,
     save_run_state,
 )
+from copus.cluster.worker import gns_worker, train_worker
+from copus.config import ConfigError, ExperimentConfig
+from copus.core.layout import CandidateConfig
+from copus.core.planner import change_kind
+from copus.core.policies import initial_config
+from copus.storage import RAY_RUN_NAME, ray_storage
 from copus.tracking import Tracker, flatten, results_name
 from copus.train.faults import FaultSpecError, faults_from_env
 
@@ -69,9 +67,9 @@ def measure_experiment_gns(cfg: ExperimentConfig, steps: int) -> dict:
     return result.return_value
 
 
-def start_config(cfg: ExperimentConfig) -> Config:
+def start_config(cfg: ExperimentConfig) -> CandidateConfig:
     p, b = cfg.parallel, cfg.batch
-    return Config(p.dp, p.tp, p.pp, b.mbs, b.gbs)
+    return CandidateConfig(p.dp, p.tp, p.pp, b.mbs, b.gbs)
 
 
 def controller_setup(
@@ -79,7 +77,7 @@ def controller_setup(
     echo: Callable[[str], None],
     b_noise_script: tuple | None = None,
     data_fingerprint: str | None = None,
-) -> tuple[ControllerSpec, Config]:
+) -> tuple[ControllerSpec, CandidateConfig]:
     """The controller's inputs (profile table → step-time model, memory-feasible search
     space, the workload's calibration when one exists) and the policy's starting
     configuration. Profiles first when no table exists. B0 of the efficiency and of the noise
@@ -108,13 +106,10 @@ def controller_setup(
         b_noise_script,
         calibration,
     )
-    planner = planner_for(
-        throughputs, b0, cfg.policy.efficiency, cfg.gns.critical_factor, cfg.policy.threshold, calibration
-    )
-    return spec, initial_config(cfg.policy.name, planner, start_config(cfg), cfg.policy.layout)
+    return spec, initial_config(cfg.policy.name, spec.planner(), start_config(cfg), cfg.policy.layout)
 
 
-def run_label(cfg: ExperimentConfig, start: Config) -> str:
+def run_label(cfg: ExperimentConfig, start: CandidateConfig) -> str:
     """A run's default MLflow name: what tells it apart from other runs of the experiment."""
     return f"{cfg.name} {cfg.policy.name} gbs{start.gbs} dp{start.dp}-tp{start.tp}-pp{start.pp} mbs{start.mbs}"
 
@@ -171,7 +166,7 @@ def run_experiment(
             f"{current.label()})"
         )
     run_id = state.mlflow_run_id
-    state.current = current.__dict__
+    state.current = current.as_dict()
     save_run_state(out, state)
 
     # The controller outlives every worker group of this run: its history and restart-cost
@@ -254,7 +249,9 @@ def run_experiment(
                         "b_noise",
                     )
                 }
-                entry["change"] = change_kind(Config(**entry["from"]), Config(**entry["to"]))
+                entry["change"] = change_kind(
+                    CandidateConfig.from_dict(entry["from"]), CandidateConfig.from_dict(entry["to"])
+                )
                 entry["downtime_s"] = None
                 state.reconfigurations.append(entry)
                 view["awaiting"] = entry
@@ -293,8 +290,7 @@ def run_experiment(
         while True:
             state.launches += 1
             save_run_state(out, state)
-            launch_plan = replace(
-                plan,
+            launch_plan = plan.replaced(
                 dp=current.dp,
                 tp=current.tp,
                 pp=current.pp,
@@ -338,8 +334,8 @@ def run_experiment(
             target = dict(final["reconfigure"])  # the workers checkpointed; relaunch in the new layout
             if target.pop("fell_back", False):
                 state.reconfigure = "restart"  # the in-place path failed once in this run: restart from now on
-            current = Config(**target)
-            state.current = current.__dict__
+            current = CandidateConfig.from_dict(target)
+            state.current = current.as_dict()
             save_run_state(out, state)
         controller_state = ray.get(actor.snapshot.remote()) if spec is not None else None
     finally:
@@ -354,7 +350,7 @@ def run_experiment(
             state.reconfigurations.append(
                 {
                     **r,
-                    "change": change_kind(Config(**r["from"]), Config(**r["to"])),
+                    "change": change_kind(CandidateConfig.from_dict(r["from"]), CandidateConfig.from_dict(r["to"])),
                     "downtime_s": None,
                     "record_lost": True,
                 }
@@ -367,7 +363,7 @@ def run_experiment(
     # The final configuration: the layout and batch shape of the last step (in-place changes
     # happen inside a launch), or the last launch's when it took no step.
     layout = final.get("layout") or {"dp": current.dp, "tp": current.tp, "pp": current.pp}
-    final_config = Config(
+    final_config = CandidateConfig(
         layout["dp"], layout["tp"], layout["pp"], final.get("mbs") or current.mbs, final.get("gbs") or current.gbs
     )
     summary = {
@@ -387,8 +383,8 @@ def run_experiment(
         "mlflow_run_id": run_id,
         "mlflow_tracking_uri": tracker.uri,
         "mlflow_experiment_id": tracker.experiment_id,
-        "initial_layout": start.__dict__,
-        "layout": final_config.__dict__,
+        "initial_layout": start.as_dict(),
+        "layout": final_config.as_dict(),
         "reconfigurations": state.reconfigurations,
         "controller": controller_state,
         "launches": state.launches,

@@ -24,20 +24,21 @@ from ray.train import FailureConfig, RunConfig
 
 from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
+from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
 from copus.config import ExperimentConfig
+from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, bytes_per_rank
 from copus.core.search import candidates, gbs_grid, profile_points
-from copus.core.throughput import Config, StepTimeModel
+from copus.core.throughput import StepTimeModel
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
-from copus.profile_table import ProfileTable, profile_key
 from copus.tracking import Tracker, flatten
-from copus.train.hardware import describe_hardware, hardware_label
+from copus.train.host import describe_hardware, hardware_label
 from copus.train.profile import ProfileJob
 
 # Per-process memory that never holds tensors: CUDA context and communicator buffers.
 GPU_RUNTIME_OVERHEAD_BYTES = 2 * GIB
-FAULT_ENV = "COPUS_INJECT_PROFILE_FAILURE"  # a Config.label() at which rank 0 fails (tests the recovery path)
+FAULT_ENV = "COPUS_INJECT_PROFILE_FAILURE"  # a CandidateConfig.label() at which rank 0 fails (tests the recovery path)
 
 
 def workload_key(cfg: ExperimentConfig) -> dict:
@@ -70,7 +71,7 @@ def device_memory_bytes(cfg: ExperimentConfig, hardware: dict) -> float:
     return hardware["host_memory_gib"] * GIB / max(1, min(cfg.cluster.num_workers, hardware["cores"]))
 
 
-def memory_estimate(cfg: ExperimentConfig, c: Config, hardware: dict):
+def memory_estimate(cfg: ExperimentConfig, c: CandidateConfig, hardware: dict):
     act_bytes = 2 if cfg.cluster.mixed_precision in ("bf16", "fp16") else 4
     overhead = GPU_RUNTIME_OVERHEAD_BYTES if hardware["kind"] == "cuda" else 0.0
     return bytes_per_rank(
@@ -87,7 +88,7 @@ def memory_estimate(cfg: ExperimentConfig, c: Config, hardware: dict):
     )
 
 
-def search_space(cfg: ExperimentConfig) -> list[Config]:
+def search_space(cfg: ExperimentConfig) -> list[CandidateConfig]:
     shape = cfg.flavour().shape()
     return candidates(cfg.layout_choices(), cfg.mbs_choices(), gbs_grid(*cfg.gbs_bounds()), shape)
 
@@ -176,7 +177,7 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         "not_measured_budget": [c.label() for c in unmeasured],
         "mape": model["error"]["mape"],
         "max_ape": model["error"]["max_ape"],
-        "worst": Config(worst["dp"], worst["tp"], worst["pp"], worst["mbs"], worst["gbs"]).label(),
+        "worst": CandidateConfig.from_dict(worst).label(),
         "folds": model["error"]["folds"],
         "model": model["params"],
         "search_space": len(space),
@@ -208,7 +209,7 @@ def load_or_profile(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple
     return table, model
 
 
-def feasible_space(cfg: ExperimentConfig, table: ProfileTable) -> list[Config]:
+def feasible_space(cfg: ExperimentConfig, table: ProfileTable) -> list[CandidateConfig]:
     """The candidates a controller may choose: memory-feasible (measured outcomes first) and
     within what the profile covered (no extrapolation to parallel degrees never measured)."""
     hardware = table.key["hardware"]
@@ -221,12 +222,14 @@ def feasible_space(cfg: ExperimentConfig, table: ProfileTable) -> list[Config]:
     ]
 
 
-def measured_throughputs(table: ProfileTable) -> dict[Config, float]:
+def measured_throughputs(table: ProfileTable) -> dict[CandidateConfig, float]:
     """Samples/s of every configuration the table has measured."""
     return {m.config: m.config.gbs / m.step_time_s for m in table.measured()}
 
 
-def predicted_throughputs(table: ProfileTable, model: StepTimeModel, space: list[Config]) -> dict[Config, float]:
+def predicted_throughputs(
+    table: ProfileTable, model: StepTimeModel, space: list[CandidateConfig]
+) -> dict[CandidateConfig, float]:
     """Samples/s of each configuration: the measured figure where the table has one (a lookup
     table, as COPUS profiles), the fitted model's prediction elsewhere."""
     out = {}
@@ -237,7 +240,11 @@ def predicted_throughputs(table: ProfileTable, model: StepTimeModel, space: list
 
 
 def _screen_memory(
-    cfg: ExperimentConfig, table: ProfileTable, space: list[Config], hardware: dict, echo: Callable[[str], None]
+    cfg: ExperimentConfig,
+    table: ProfileTable,
+    space: list[CandidateConfig],
+    hardware: dict,
+    echo: Callable[[str], None],
 ) -> None:
     """Record what the memory model rules out (afresh each call: the limit may have changed);
     outcomes measured earlier win over the model."""
@@ -253,11 +260,11 @@ def _screen_memory(
             echo(f"  skip {c.label()}: {reason}")
 
 
-def _suspects(table: ProfileTable) -> list[Config]:
+def _suspects(table: ProfileTable) -> list[CandidateConfig]:
     """Measured points whose held-out error is both large (> 10%) and twice the mean error."""
     mape = table.model["error"]["mape"]
     return [
-        Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+        CandidateConfig.from_dict(r)
         for r in table.rows
         if r["status"] == "ok" and not r.get("remeasured") and r["cv_ape"] > max(0.10, 2 * mape)
     ]
@@ -280,19 +287,19 @@ class _Context:
         self.hardware, self.deadline, self.echo = hardware, deadline, echo
         self.fail_at = os.environ.get(FAULT_ENV) or None
         self.launches = self.measured = 0
-        self.in_flight: Config | None = None
+        self.in_flight: CandidateConfig | None = None
         self.layout: tuple | None = None
 
-    def _memory(self, c: Config) -> float:
+    def _memory(self, c: CandidateConfig) -> float:
         return memory_estimate(self.cfg, c, self.hardware).total
 
     def _on_record(self, r: dict, remeasure: bool) -> None:
         if r["kind"] == "profile_layout":
             self.layout, self.in_flight = tuple(r["layout"]), None
         elif r["kind"] == "profile_start":
-            self.in_flight = Config(**r["config"])
+            self.in_flight = CandidateConfig.from_dict(r["config"])
         elif r["kind"] == "profile_point":
-            c = Config(**r["config"])
+            c = CandidateConfig.from_dict(r["config"])
             old = self.table.row(c)
             values = {
                 "step_time_s": r["step_time_s"],
@@ -322,13 +329,13 @@ class _Context:
                 f"({len(self.table.measured())} measured, {left:.0f} s of budget left)"
             )
 
-    def measure(self, points: list[Config], remeasure: bool = False) -> None:
-        done: set[Config] = set()
+    def measure(self, points: list[CandidateConfig], remeasure: bool = False) -> None:
+        done: set[CandidateConfig] = set()
 
         def on_record(r: dict) -> None:
             self._on_record(r, remeasure)
             if r["kind"] == "profile_point":
-                done.add(Config(**r["config"]))
+                done.add(CandidateConfig.from_dict(r["config"]))
 
         while True:
             pending = [
@@ -355,7 +362,7 @@ class _Context:
                 return
             self._record_failure(error, pending)
 
-    def _record_failure(self, error: BaseException, pending: list[Config]) -> None:
+    def _record_failure(self, error: BaseException, pending: list[CandidateConfig]) -> None:
         reason = _failure_reason(error)
         if self.in_flight is not None:
             failed = [self.in_flight]
@@ -400,10 +407,10 @@ def _print_summary(table: ProfileTable, result: dict, echo: Callable[[str], None
     for r in sorted(
         (r for r in table.rows if r["status"] == "ok"), key=lambda r: (r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
     ):
-        label = Config(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]).label()
+        label = CandidateConfig.from_dict(r).label()
         echo(f"{label:<32} {r['step_time_s']:>10.3f} {r['cv_predicted_step_time_s']:>13.3f} {r['cv_ape']:>7.1%}")
     for r in table.infeasible():
-        echo(f"{Config(r['dp'], r['tp'], r['pp'], r['mbs'], r['gbs']).label():<32} infeasible: {r['reason']}")
+        echo(f"{CandidateConfig.from_dict(r).label():<32} infeasible: {r['reason']}")
     echo(
         f"step-time model: {result['points']} points, {result['folds']}-fold held-out error MAPE "
         f"{result['mape']:.1%}, worst {result['max_ape']:.1%} ({result['worst']})"

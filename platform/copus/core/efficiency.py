@@ -18,10 +18,12 @@ Pure math: no torch, no ray.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import numpy as np
 
-FORMS = ("pollux", "lr-aware")
+EfficiencyForm = Literal["pollux", "lr-aware"]  # the statistical-efficiency forms, named once
+FORMS: tuple[str, ...] = get_args(EfficiencyForm)
 
 
 def statistical_efficiency(b_noise: float, b0: float, b: float) -> float:

@@ -7,7 +7,62 @@ Each problem is a (field, message) pair so the caller can phrase it as ``field: 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Literal, get_args
+
+DpShard = Literal["none", "optimizer", "full"]
+Recompute = Literal["none", "selective", "full"]
+DP_SHARD_MODES: tuple[str, ...] = get_args(DpShard)
+RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
+
+
+@dataclass(frozen=True)
+class CandidateConfig:
+    """One candidate configuration of a run: the 3D layout and the batch shape. It is what the
+    planner chooses among, the profiler measures, a worker trains in and a record reports."""
+
+    dp: int
+    tp: int
+    pp: int
+    mbs: int
+    gbs: int
+    # How the dp group shares the model state (none: every replica holds all of it; optimizer:
+    # AdamW state and gradients sharded; full: parameters too) and what the backward pass
+    # recomputes instead of keeping (none, selective: attention and MLP inner activations, full:
+    # whole layers). Both are choices of the planner like the layout.
+    dp_shard: DpShard = "none"
+    recompute: Recompute = "none"
+
+    @property
+    def microbatches(self) -> int:
+        return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def label(self) -> str:
+        extra = "".join(
+            f" {name}={value}"
+            for name, value in (("shard", self.dp_shard), ("recompute", self.recompute))
+            if value != "none"
+        )
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}{extra}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CandidateConfig:
+        """From any mapping that carries the fields (a record, a profile row, summary.json's layout);
+        other keys are ignored, a missing field raises KeyError naming it."""
+        return cls(
+            **{
+                f.name: (int(data[f.name]) if f.default is MISSING else str(data[f.name]))
+                for f in fields(cls)
+                if f.default is MISSING or data.get(f.name) is not None
+            }
+        )
 
 
 @dataclass(frozen=True)

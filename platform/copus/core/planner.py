@@ -26,15 +26,15 @@ from typing import Callable
 import numpy as np
 
 from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 
 
-def same_shape(a: Config, b: Config) -> bool:
+def same_shape(a: CandidateConfig, b: CandidateConfig) -> bool:
     """Same layout and MBS: only the GBS differs, a change made in place."""
     return (a.dp, a.tp, a.pp, a.mbs) == (b.dp, b.tp, b.pp, b.mbs)
 
 
-def change_kind(a: Config, b: Config) -> str:
+def change_kind(a: CandidateConfig, b: CandidateConfig) -> str:
     """What a move from a to b changes, the most expensive part: "layout", "mbs", "gbs" or "none"."""
     if (a.dp, a.tp, a.pp) != (b.dp, b.tp, b.pp):
         return "layout"
@@ -50,20 +50,20 @@ class SwitchCosts:
     layout_s: float  # another (dp, tp, pp): an in-place reshard, or a worker-group restart
     mbs_s: float = 0.0  # another MBS in the same layout: a pipeline schedule rebuild, or a restart
 
-    def of(self, a: Config, b: Config) -> float:
+    def of(self, a: CandidateConfig, b: CandidateConfig) -> float:
         return {"layout": self.layout_s, "mbs": self.mbs_s}.get(change_kind(a, b), 0.0)
 
 
 @dataclass(frozen=True)
 class Scored:
-    config: Config
+    config: CandidateConfig
     throughput: float  # samples/s predicted
     efficiency: float  # SE(gbs)
     goodput: float
 
     def as_dict(self) -> dict:
         return {
-            "config": self.config.__dict__,
+            "config": self.config.as_dict(),
             "throughput": self.throughput,
             "efficiency": self.efficiency,
             "goodput": self.goodput,
@@ -81,15 +81,15 @@ class Decision:
     reason: str
 
     @property
-    def target(self) -> Config:
+    def target(self) -> CandidateConfig:
         return self.best.config if self.switch else self.current.config
 
 
 class Planner:
     def __init__(
         self,
-        candidates: list[Config],
-        throughput: Callable[[list[Config]], np.ndarray],
+        candidates: list[CandidateConfig],
+        throughput: Callable[[list[CandidateConfig]], np.ndarray],
         b0: int,
         form: str = "pollux",
         critical_factor: float = 2.0,
@@ -107,6 +107,34 @@ class Planner:
         self.b0, self.form, self.critical_factor, self.threshold = b0, form, critical_factor, threshold
         self.mapping = mapping if mapping is not None else NoiseScaleMapping(form, critical_factor)
 
+    @classmethod
+    def from_table(
+        cls,
+        throughputs: dict[CandidateConfig, float],
+        b0: int,
+        form: str,
+        critical_factor: float,
+        threshold: float,
+        calibration: dict | None = None,
+    ) -> Planner:
+        """The planner over a profiled search space ({config: samples/s}), with the calibrated
+        efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`.
+        The one way a run, the controller and the simulator build their planner."""
+        mapping = (
+            mapping_from_calibration(calibration, b0, critical_factor)
+            if calibration is not None
+            else NoiseScaleMapping(form, critical_factor)
+        )
+        return cls(
+            list(throughputs),
+            lambda cfgs: [throughputs[c] for c in cfgs],
+            b0,
+            form,
+            critical_factor,
+            threshold,
+            mapping,
+        )
+
     def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
         return self.mapping.critical_batch(b_noise, loss)
 
@@ -119,7 +147,7 @@ class Planner:
     def goodputs(self, b_noise: float, loss: float = float("nan")) -> np.ndarray:
         return self.throughputs * self._efficiency(b_noise, loss)
 
-    def score(self, cfg: Config, b_noise: float, loss: float = float("nan")) -> Scored:
+    def score(self, cfg: CandidateConfig, b_noise: float, loss: float = float("nan")) -> Scored:
         i = self.index[cfg]
         se = float(self._efficiency(b_noise, loss)[i])
         return Scored(cfg, float(self.throughputs[i]), se, float(self.throughputs[i]) * se)
@@ -127,7 +155,7 @@ class Planner:
     def best(
         self,
         b_noise: float,
-        allowed: Callable[[Config], bool] | None = None,
+        allowed: Callable[[CandidateConfig], bool] | None = None,
         by: str = "goodput",
         loss: float = float("nan"),
     ) -> Scored:
@@ -142,12 +170,12 @@ class Planner:
 
     def decide(
         self,
-        current: Config,
+        current: CandidateConfig,
         b_noise: float,
         interval_s: float,
         costs: SwitchCosts,
-        allowed: Callable[[Config], bool] | None = None,
-        target: Config | None = None,
+        allowed: Callable[[CandidateConfig], bool] | None = None,
+        target: CandidateConfig | None = None,
         loss: float = float("nan"),
     ) -> Decision:
         """Whether to move from `current`, and where: the candidate with the most goodput over
@@ -188,23 +216,3 @@ class Planner:
                 f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s",
             )
         return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")
-
-
-def planner_for(
-    throughputs: dict[Config, float],
-    b0: int,
-    form: str,
-    critical_factor: float,
-    threshold: float,
-    calibration: dict | None = None,
-) -> Planner:
-    """The planner over a profiled search space ({config: samples/s}), with the calibrated
-    efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`."""
-    mapping = (
-        mapping_from_calibration(calibration, b0, critical_factor)
-        if calibration is not None
-        else NoiseScaleMapping(form, critical_factor)
-    )
-    return Planner(
-        list(throughputs), lambda cfgs: [throughputs[c] for c in cfgs], b0, form, critical_factor, threshold, mapping
-    )

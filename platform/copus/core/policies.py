@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 
+from copus.core.layout import CandidateConfig
 from copus.core.planner import Decision, Planner, SwitchCosts, same_shape
 from copus.core.policy_names import ADAPTIVE, DEFAULT_SUITE, POLICIES, PolicyName  # noqa: F401 - re-exported
-from copus.core.throughput import Config
 
 
-def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
+def nearest_gbs(planner: Planner, shape_of: CandidateConfig, gbs: float) -> CandidateConfig:
     """The candidate with `shape_of`'s layout and MBS whose GBS is nearest to `gbs` (in ratio)."""
     same = [c for c in planner.candidates if same_shape(c, shape_of)]
     if not same:
@@ -37,7 +37,9 @@ def nearest_gbs(planner: Planner, shape_of: Config, gbs: float) -> Config:
     return min(same, key=lambda c: (abs(math.log(c.gbs / max(gbs, 1e-9))), c.gbs))
 
 
-def initial_config(policy: str, planner: Planner, start: Config, static_layout: str = "given") -> Config:
+def initial_config(
+    policy: str, planner: Planner, start: CandidateConfig, static_layout: str = "given"
+) -> CandidateConfig:
     """Where a run of `policy` starts (before any gradient noise is known)."""
     at_gbs = lambda g: lambda c: c.gbs == g  # noqa: E731 - a small predicate factory
     if policy == "cbs" or (policy == "static" and static_layout == "given"):
@@ -54,7 +56,7 @@ def initial_config(policy: str, planner: Planner, start: Config, static_layout: 
 def decide(
     policy: str,
     planner: Planner,
-    current: Config,
+    current: CandidateConfig,
     b_noise: float,
     critical_factor: float,
     interval_s: float,

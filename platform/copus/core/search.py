@@ -6,8 +6,7 @@ score) and the simulator.
 
 from __future__ import annotations
 
-from copus.core.layout import ModelShape, layout_problems
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 
 
 def gbs_grid(lo: int, hi: int) -> list[int]:
@@ -37,14 +36,14 @@ def valid_layouts(world: int, shape: ModelShape) -> list[tuple[int, int, int]]:
 
 def candidates(
     layouts: list[tuple[int, int, int]], mbs_values: list[int], gbs_values: list[int], shape: ModelShape
-) -> list[Config]:
+) -> list[CandidateConfig]:
     """Every configuration of the layouts × MBS × GBS grid that divides evenly with m ≥ pp."""
     out = []
     for dp, tp, pp in layouts:
         for mbs in mbs_values:
             for gbs in gbs_values:
                 if not layout_problems(dp, tp, pp, shape, None, gbs, mbs):
-                    out.append(Config(dp, tp, pp, mbs, gbs))
+                    out.append(CandidateConfig(dp, tp, pp, mbs, gbs))
     return out
 
 
@@ -58,7 +57,9 @@ def spread(values: list[int], count: int) -> list[int]:
     return [values[i] for i in idx]
 
 
-def profile_points(cands: list[Config], per_shape: int, max_microbatches: int | None = None) -> list[Config]:
+def profile_points(
+    cands: list[CandidateConfig], per_shape: int, max_microbatches: int | None = None
+) -> list[CandidateConfig]:
     """Which candidates to measure, in the order to measure them: for each (layout, MBS), up
     to `per_shape` GBS values spread over its range (the model predicts the others; two
     determine the line in m, a third checks it). With `max_microbatches`, only GBS values
@@ -68,14 +69,14 @@ def profile_points(cands: list[Config], per_shape: int, max_microbatches: int | 
     covers every layout and MBS: first each shape's smallest GBS, then its largest, then the
     middle ones; grouped by layout within each round so a worker group builds each layout once
     per round."""
-    by_shape: dict[tuple, list[Config]] = {}
+    by_shape: dict[tuple, list[CandidateConfig]] = {}
     for c in cands:
         by_shape.setdefault((c.dp, c.tp, c.pp, c.mbs), []).append(c)
     picked = {
         key: spread(_measurable(sorted(v, key=lambda c: c.gbs), max_microbatches), per_shape)
         for key, v in by_shape.items()
     }
-    rounds: list[list[Config]] = []
+    rounds: list[list[CandidateConfig]] = []
     for chosen in picked.values():
         # Round 0: smallest, round 1: largest, then the rest.
         ordered = [chosen[0]] + ([chosen[-1]] if len(chosen) > 1 else []) + chosen[1:-1]
@@ -86,7 +87,7 @@ def profile_points(cands: list[Config], per_shape: int, max_microbatches: int | 
     return [c for rnd in rounds for c in sorted(rnd, key=lambda c: (c.dp, c.tp, c.pp, c.mbs))]
 
 
-def _measurable(shape_points: list[Config], max_microbatches: int | None) -> list[Config]:
+def _measurable(shape_points: list[CandidateConfig], max_microbatches: int | None) -> list[CandidateConfig]:
     """A shape's points (sorted by GBS) worth measuring under the micro-batch cap."""
     if max_microbatches is None:
         return shape_points

@@ -39,12 +39,12 @@ import numpy as np
 
 from copus.core import planner as planner_module
 from copus.core import policies
-from copus.core.hardware import NodeSpec
-from copus.core.layout import ModelShape
+from copus.core.datasheets import NodeSpec
+from copus.core.layout import CandidateConfig, ModelShape
 from copus.core.memory import bytes_per_rank, fits
 from copus.core.planner import SwitchCosts
 from copus.core.search import candidates, gbs_grid, valid_layouts
-from copus.core.throughput import GRAD_BYTES, Config, StepTimeModel, StepTimeParams
+from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
 BF16 = 2
 # Bytes of training state per parameter with bf16 mixed precision: bf16 weights and gradients,
@@ -206,7 +206,7 @@ def training_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     return 6.0 * shape.param_count() + 12.0 * shape.n_layers * shape.dim * seq_len
 
 
-def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Config) -> StepTimeParams:
+def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> StepTimeParams:
     """Step-time coefficients of `cfg` on `cluster`. Ranks are laid out (pp, dp, tp), tp
     innermost (as `copus.parallel.dims`): a tp group spans tp ranks, a dp group dp × tp, the
     stage-to-stage link crosses nodes once dp × tp fills a node."""
@@ -237,11 +237,11 @@ def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Conf
     )
 
 
-def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Config) -> float:
+def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> float:
     return StepTimeModel(hardware_params(cluster, shape, seq_len, cfg), shape).step_time(cfg)
 
 
-def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Config, margin: float = 0.1) -> bool:
+def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig, margin: float = 0.1) -> bool:
     node = cluster.node
     need = bytes_per_rank(
         shape,
@@ -294,7 +294,7 @@ class Setting:
     cluster: Cluster
     shape: ModelShape
     seq_len: int
-    start: Config  # the experiment's configuration (batch.gbs, batch.mbs, its layout)
+    start: CandidateConfig  # the experiment's configuration (batch.gbs, batch.mbs, its layout)
     gbs_min: int
     gbs_max: int
     mbs: tuple[int, ...]
@@ -312,7 +312,7 @@ class Setting:
     layouts: tuple[tuple[int, int, int], ...] | None = None
 
 
-def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Config], np.ndarray]:
+def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[CandidateConfig], np.ndarray]:
     """Memory-feasible candidates and their samples/s on the modelled cluster (GBS from
     `gbs_min`, default the setting's)."""
     layouts = list(s.layouts) if s.layouts else valid_layouts(s.cluster.world, s.shape)
@@ -326,11 +326,10 @@ def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Config], 
     return cands, np.array([c.gbs / step_time(s.cluster, s.shape, s.seq_len, c) for c in cands])
 
 
-def make_planner(s: Setting, cands: list[Config], throughputs: np.ndarray):
-    table = dict(zip(cands, throughputs))
+def make_planner(s: Setting, cands: list[CandidateConfig], throughputs: np.ndarray):
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
-    return planner_module.Planner(
-        cands, lambda cfgs: [table[c] for c in cfgs], s.start.gbs, s.form, s.critical_factor, s.threshold
+    return planner_module.Planner.from_table(
+        dict(zip(cands, throughputs)), s.start.gbs, s.form, s.critical_factor, s.threshold
     )
 
 
@@ -342,8 +341,8 @@ class SimResult:
     samples: int
     reconfigurations: list[dict]
     final_loss: float
-    start: Config
-    final: Config
+    start: CandidateConfig
+    final: CandidateConfig
     timeline: list[dict]  # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
 
     def as_dict(self) -> dict:
@@ -354,12 +353,12 @@ class SimResult:
             "reconfigurations": len(self.reconfigurations),
             "changes": self.reconfigurations,
             "final_loss": self.final_loss,
-            "start": self.start.__dict__,
-            "final": self.final.__dict__,
+            "start": self.start.as_dict(),
+            "final": self.final.as_dict(),
         }
 
 
-def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | None = None) -> SimResult:
+def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.ndarray] | None = None) -> SimResult:
     """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
     The truth (`TrainingModel`) advances every step; at every decision the policy sees the
     noise-scale estimate `s.estimate` draws from the true critical batch."""
@@ -408,8 +407,8 @@ def simulate(s: Setting, policy: str, space: tuple[list[Config], np.ndarray] | N
             changes.append(
                 {
                     "t": t,
-                    "from": current.__dict__,
-                    "to": d.target.__dict__,
+                    "from": current.as_dict(),
+                    "to": d.target.as_dict(),
                     "change": d.kind,
                     "downtime_s": downtime,
                     "b_noise": b_noise,
@@ -432,5 +431,5 @@ def best_layout_by_gbs(s: Setting) -> list[dict]:
     for gbs in sorted({c.gbs for c in cands}):
         idx = [i for i, c in enumerate(cands) if c.gbs == gbs]
         best = max(idx, key=lambda i: throughputs[i])
-        out.append({"gbs": gbs, "config": cands[best].__dict__, "samples_per_s": float(throughputs[best])})
+        out.append({"gbs": gbs, "config": cands[best].as_dict(), "samples_per_s": float(throughputs[best])})
     return out

@@ -33,36 +33,14 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 from scipy.optimize import least_squares
 
-from copus.core.layout import ModelShape, stage_layer_ranges
+from copus.core.layout import CandidateConfig, ModelShape, stage_layer_ranges
 
 GRAD_BYTES = 4  # fp32 gradients
 
 
 @dataclass(frozen=True)
-class Config:
-    """One candidate configuration: the layout and the batch shape."""
-
-    dp: int
-    tp: int
-    pp: int
-    mbs: int
-    gbs: int
-
-    @property
-    def microbatches(self) -> int:
-        return self.gbs // (self.dp * self.mbs)
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def label(self) -> str:
-        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}"
-
-
-@dataclass(frozen=True)
 class Measurement:
-    config: Config
+    config: CandidateConfig
     step_time_s: float
 
 
@@ -124,7 +102,7 @@ class Terms:
         return asdict(self)
 
 
-def _features(shape: ModelShape, cfgs: list[Config]) -> dict[str, np.ndarray]:
+def _features(shape: ModelShape, cfgs: list[CandidateConfig]) -> dict[str, np.ndarray]:
     """Per-configuration quantities the coefficients multiply (vectorised for fitting)."""
 
     def col(fn):
@@ -175,21 +153,21 @@ class StepTimeModel:
     # Which values of each parallel degree the fit saw; predictions elsewhere extrapolate.
     seen: dict[str, tuple[int, ...]] | None = None
 
-    def terms(self, cfg: Config) -> Terms:
+    def terms(self, cfg: CandidateConfig) -> Terms:
         t = _terms(self.params.as_dict(), _features(self.shape, [cfg]))
         return Terms(**{k: float(v[0]) for k, v in t.items()})
 
-    def step_times(self, cfgs: list[Config]) -> np.ndarray:
+    def step_times(self, cfgs: list[CandidateConfig]) -> np.ndarray:
         return _terms(self.params.as_dict(), _features(self.shape, cfgs))["step"]
 
-    def step_time(self, cfg: Config) -> float:
+    def step_time(self, cfg: CandidateConfig) -> float:
         return float(self.step_times([cfg])[0])
 
-    def throughput(self, cfg: Config) -> float:
+    def throughput(self, cfg: CandidateConfig) -> float:
         """Predicted samples per second."""
         return cfg.gbs / self.step_time(cfg)
 
-    def extrapolates(self, cfg: Config) -> bool:
+    def extrapolates(self, cfg: CandidateConfig) -> bool:
         """True when the configuration uses a parallel degree no profile point had."""
         if self.seen is None:
             return False

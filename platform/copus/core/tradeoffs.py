@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import math
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 
 
-def shape_label(c: Config) -> str:
+def shape_label(c: CandidateConfig) -> str:
     return f"dp{c.dp}-tp{c.tp}-pp{c.pp} mbs{c.mbs}"
 
 
-def fastest_by_gbs(throughputs: dict[Config, float]) -> list[dict]:
+def fastest_by_gbs(throughputs: dict[CandidateConfig, float]) -> list[dict]:
     """Per GBS (ascending), the configuration of most samples/s and its throughput."""
-    best: dict[int, tuple[Config, float]] = {}
+    best: dict[int, tuple[CandidateConfig, float]] = {}
     for c, value in throughputs.items():
         if math.isfinite(value) and (c.gbs not in best or value > best[c.gbs][1]):
             best[c.gbs] = (c, value)
@@ -34,7 +34,7 @@ def fastest_by_gbs(throughputs: dict[Config, float]) -> list[dict]:
     ]
 
 
-def tradeoffs(throughputs: dict[Config, float], branch_points: list[dict] | None = None) -> dict:
+def tradeoffs(throughputs: dict[CandidateConfig, float], branch_points: list[dict] | None = None) -> dict:
     """The trade-off figures of a profile (and of a calibration's branch points when given):
     `throughput_ratio` (fastest at the largest GBS / fastest at the smallest), the fastest
     shapes at both ends and whether they differ, `b_crit_growth` (last / first branch point)."""

@@ -29,8 +29,7 @@ SEED_DATA_STRIDE = 100_003
 def single_process_plan(
     plan: WorkerPlan, gbs: int, mbs: int, eval_every_samples: int, val_samples: int, stop: StopRule, gns_enabled: bool
 ) -> WorkerPlan:
-    return replace(
-        plan,
+    return plan.replaced(
         dp=1,
         tp=1,
         pp=1,
@@ -95,8 +94,7 @@ def branch_noise_scales(plan: WorkerPlan, checkpoint: Path, steps: int) -> dict:
     b0 = plan.gns.reference_gbs or plan.gbs
     out = {}
     for name, precondition in (("b_noise", "none"), ("b_noise_adam", "adam")):
-        p = replace(
-            plan,
+        p = plan.replaced(
             dp=1,
             tp=1,
             pp=1,

@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from copus.run_state import RAY_RUN_NAME, ray_storage
+from copus.storage import RAY_RUN_NAME, ray_storage
 from copus.train.checkpoint import newest_complete, read_trainer_state
 from workloads.flavours import ModelFlavour
 from workloads.hf_config import INDEX, SINGLE_FILE, config_from_flavour

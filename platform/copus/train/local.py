@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.train.faults import Faults
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
@@ -36,7 +36,7 @@ def run_local(
     ckpt_root: Path,
     resume_step: int | None = None,
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
-    decide: Callable[[int, Config], dict | None] | None = None,
+    decide: Callable[[int, CandidateConfig], dict | None] | None = None,
     faults: Faults = Faults(),
     data_offset: int = 0,
 ) -> tuple[list[dict], dict, dict]:

@@ -11,7 +11,7 @@ averaged over dp, so they are exactly the gradient of the mean loss over the glo
 and clipped by the global norm. accelerate supplies the device and mixed precision.
 
 At a step boundary rank 0 may bring a decision (the controller's): a new GBS or MBS is used
-from the next step on; a new layout is built in place (`copus.train.reconfigure`) or, with
+from the next step on; a new layout is built in place (`copus.train.reshard_in_place`) or, with
 `reconfigure: restart` or when that fails under `auto`, the loop checkpoints and returns with
 stop_reason "reconfigure" for the driver to relaunch the workers in the new layout.
 """
@@ -22,7 +22,7 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -31,9 +31,8 @@ import torch.distributed as dist
 
 from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
-from copus.core.layout import bubble_fraction
+from copus.core.layout import CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
-from copus.core.throughput import Config
 from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import adam_preconditioner
 from copus.parallel.grads import local_grad
@@ -41,9 +40,9 @@ from copus.train.checkpoint import load_checkpoint, read_trainer_state, save_che
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
 from copus.train.engine import ParallelModel
 from copus.train.faults import Faults
-from copus.train.hardware import release_memory
+from copus.train.host import release_memory
 from copus.train.plan import OptimizerPlan, WorkerPlan
-from copus.train.reconfigure import ReshardFailed, reshard_in_place
+from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
 
 
 class NonFiniteLossError(RuntimeError):
@@ -65,9 +64,9 @@ class LoopHooks:
     # mbs) to use, which must be the same on every rank. A change within the layout needs no
     # restart: only the number of micro-batches (and the schedule) changes.
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
-    # Asked on rank 0 at every step boundary with (step, current Config): the controller's
+    # Asked on rank 0 at every step boundary with (step, current CandidateConfig): the controller's
     # decision as {"config": {...}, ...} or None. Rank 0 broadcasts it; every rank follows.
-    decide: Callable[[int, Config], dict | None] | None = None
+    decide: Callable[[int, CandidateConfig], dict | None] | None = None
     # Injected faults (copus.train.faults): a failing in-place change, NaN gradients, a killed worker.
     faults: Faults = field(default_factory=Faults)
     # Rank 0 adds the global batch's sample indices to every step record (tests of sample accounting).
@@ -97,13 +96,13 @@ def _broadcast_flag(value: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def _broadcast_config(cfg: Config | None, device: torch.device) -> Config | None:
+def _broadcast_config(cfg: CandidateConfig | None, device: torch.device) -> CandidateConfig | None:
     """Rank 0's configuration (or None) on every rank."""
     t = torch.tensor([cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs] if cfg else [0] * 5, dtype=torch.int64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.broadcast(t, src=0)
     values = [int(v) for v in t.tolist()]
-    return Config(*values) if values[0] else None
+    return CandidateConfig(*values) if values[0] else None
 
 
 def make_optimizer(model: ParallelModel, o: OptimizerPlan, lr: float) -> torch.optim.Optimizer:
@@ -228,8 +227,7 @@ def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
     layout = saved.get("layout")
     if saved.get("reconfigure") or not layout or layout["dp"] * layout["tp"] * layout["pp"] != world:
         return plan
-    return replace(
-        plan,
+    return plan.replaced(
         dp=layout["dp"],
         tp=layout["tp"],
         pp=layout["pp"],
@@ -360,17 +358,17 @@ def run_training(
             gbs, mbs = hooks.batch_size(state["step"], state["samples"], gbs, mbs)
             dims.validate(flavour.shape(), gbs=gbs, mbs=mbs)
         if hooks.decide is not None:
-            current = Config(plan.dp, plan.tp, plan.pp, mbs, gbs)
+            current = CandidateConfig(plan.dp, plan.tp, plan.pp, mbs, gbs)
             decision = hooks.decide(state["step"], current) if rank == 0 else None
-            target = _broadcast_config(Config(**decision["config"]) if decision else None, device)
+            target = _broadcast_config(CandidateConfig.from_dict(decision["config"]) if decision else None, device)
             if target is not None and target != current:
                 record = {
                     "kind": "reconfigure",
                     "step": state["step"],
                     "samples": state["samples"],
                     "wall_clock_s": wall(),
-                    "from": current.__dict__,
-                    "to": target.__dict__,
+                    "from": current.as_dict(),
+                    "to": target.as_dict(),
                     **{k: v for k, v in (decision or {}).items() if k != "config"},
                 }
                 kind = change_kind(current, target)
@@ -391,15 +389,15 @@ def run_training(
                         in_place, record["fell_back"] = False, str(err)  # the old layout is intact: restart
                     else:
                         dims = model.dims
-                        plan = replace(plan, dp=target.dp, tp=target.tp, pp=target.pp)
+                        plan = plan.replaced(dp=target.dp, tp=target.tp, pp=target.pp)
                         attach_probe(model, optimizer, plan)
                         release_memory(device)  # the old layout's tensors, now unreferenced
                 state["reconfigurations"].append(
                     {
                         "step": state["step"],
                         "samples": state["samples"],
-                        "from": current.__dict__,
-                        "to": target.__dict__,
+                        "from": current.as_dict(),
+                        "to": target.as_dict(),
                         "in_place": in_place,
                     }
                 )
@@ -407,7 +405,7 @@ def run_training(
                     hooks.emit({**record, "in_place": in_place})
                 if not in_place:  # checkpoint and hand back to the driver, which relaunches
                     stop_reason = "reconfigure"
-                    state["reconfigure"] = {**target.__dict__, "fell_back": "fell_back" in record}
+                    state["reconfigure"] = {**target.as_dict(), "fell_back": "fell_back" in record}
                     break
                 dims.validate(flavour.shape(), gbs=target.gbs, mbs=target.mbs)
                 gbs, mbs = target.gbs, target.mbs

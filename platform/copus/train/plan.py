@@ -6,13 +6,16 @@ workers and is trivial to build by hand in tests.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from workloads.flavours import ModelFlavour
 from workloads.hf_config import workload_flavour
+
+_CONFIG_FIELDS = {f.name for f in fields(CandidateConfig)}
 
 if TYPE_CHECKING:  # the worker side never imports the typed config (nor pydantic)
     from copus.config import ExperimentConfig
@@ -62,12 +65,8 @@ class WorkerPlan:
     train_tokens: str
     val_tokens: str
     token_dtype: str
-    gbs: int
-    mbs: int
-    dp: int
+    config: CandidateConfig  # the layout and batch shape this worker group trains in
     lr: LRSchedule
-    tp: int = 1
-    pp: int = 1
     pp_schedule: str = "1f1b"
     optimizer: OptimizerPlan = field(default_factory=OptimizerPlan)
     stop: StopRule = field(default_factory=StopRule)
@@ -85,6 +84,18 @@ class WorkerPlan:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    # The configuration's fields read through the plan: the loop reads plan.dp, plan.gbs, ...
+    dp = property(lambda self: self.config.dp)
+    tp = property(lambda self: self.config.tp)
+    pp = property(lambda self: self.config.pp)
+    mbs = property(lambda self: self.config.mbs)
+    gbs = property(lambda self: self.config.gbs)
+
+    def replaced(self, **changes) -> WorkerPlan:
+        """`dataclasses.replace` that also takes the configuration's fields (dp=2, gbs=64, ...)."""
+        mine = {k: changes.pop(k) for k in list(changes) if k in _CONFIG_FIELDS}
+        return replace(self, config=replace(self.config, **mine), **changes)
+
     @property
     def flavour(self) -> ModelFlavour:
         return workload_flavour(self.model, self.init_from)
@@ -99,11 +110,7 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         train_tokens=train_tokens,
         val_tokens=val_tokens,
         token_dtype=token_dtype,
-        gbs=cfg.batch.gbs,
-        mbs=cfg.batch.mbs,
-        dp=cfg.parallel.dp,
-        tp=cfg.parallel.tp,
-        pp=cfg.parallel.pp,
+        config=CandidateConfig(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.batch.mbs, cfg.batch.gbs),
         pp_schedule=cfg.parallel.pp_schedule,
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.parallel.agree import agree
 from copus.train.data import replica_batch
-from copus.train.hardware import release_memory
+from copus.train.host import release_memory
 from copus.train.loop import attach_gns, build_replica, train_step, world_rank_size
 from copus.train.plan import WorkerPlan
 
@@ -39,11 +39,11 @@ class InjectedFault(RuntimeError):
 @dataclass(frozen=True)
 class ProfileJob:
     plan: WorkerPlan  # the experiment's workload; its layout and batch shape are replaced per point
-    points: tuple[Config, ...]  # in the order to measure them
+    points: tuple[CandidateConfig, ...]  # in the order to measure them
     warmup_steps: int
     steps: int
     deadline: float  # time.time() after which no new point starts
-    fail_at: str | None = None  # Config.label() of a point at which rank 0 raises InjectedFault
+    fail_at: str | None = None  # CandidateConfig.label() of a point at which rank 0 raises InjectedFault
     # The first point of a fresh worker group warms up for at least this long: for the first
     # seconds the group's own start-up (Ray's workers and agents) still competes for the cores.
     settle_s: float = 3.0
@@ -69,9 +69,9 @@ class _StepClock:
         return time.perf_counter() - t
 
 
-def _layout_groups(points: tuple[Config, ...]) -> list[tuple[tuple[int, int, int], list[Config]]]:
+def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple[int, int, int], list[CandidateConfig]]]:
     """Consecutive points of the same layout share one model build."""
-    groups: list[tuple[tuple[int, int, int], list[Config]]] = []
+    groups: list[tuple[tuple[int, int, int], list[CandidateConfig]]] = []
     for c in points:
         layout = (c.dp, c.tp, c.pp)
         if groups and groups[-1][0] == layout:
@@ -88,7 +88,7 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
     done = 0
     for (dp, tp, pp), group in _layout_groups(job.points):
         first = group[0]
-        plan = replace(job.plan, dp=dp, tp=tp, pp=pp, gbs=first.gbs, mbs=first.mbs)
+        plan = job.plan.replaced(dp=dp, tp=tp, pp=pp, gbs=first.gbs, mbs=first.mbs)
         if rank == 0:
             emit({"kind": "profile_layout", "layout": [dp, tp, pp]})
         model, optimizer, stream = build_replica(plan, fresh=False)  # timing only: no need to read init_from
@@ -101,7 +101,7 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                 if agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
                     return {"measured": done, "stopped": "budget"}
                 if rank == 0:
-                    emit({"kind": "profile_start", "config": cfg.__dict__})
+                    emit({"kind": "profile_start", "config": cfg.as_dict()})
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(model.device)
                 times, warmup = [], []
@@ -129,7 +129,7 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
                     emit(
                         {
                             "kind": "profile_point",
-                            "config": cfg.__dict__,
+                            "config": cfg.as_dict(),
                             "step_time_s": step,
                             "step_times": times,
                             "warmup_times": warmup,

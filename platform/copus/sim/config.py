@@ -16,9 +16,10 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from copus.config import ConfigError, _FieldProblem, _format_pydantic_error, _Section, apply_overrides, read_yaml
-from copus.core.hardware import NODES
-from copus.core.layout import layout_problems
+from copus.config import ConfigError, FieldProblem, Section, apply_overrides, format_pydantic_error, read_yaml
+from copus.core.datasheets import NODES
+from copus.core.efficiency import EfficiencyForm
+from copus.core.layout import CandidateConfig, layout_problems
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.simulator import (
     CalibratedCriticalBatch,
@@ -29,47 +30,46 @@ from copus.core.simulator import (
     ReconfigurationCosts,
     Setting,
 )
-from copus.core.throughput import Config
 from workloads.flavours import FLAVOURS
 
 
-class SimCluster(_Section):
+class SimCluster(Section):
     node: str = "h100-sxm-8"
     nodes: int = Field(1, ge=1)
 
 
-class SimBatch(_Section):
+class SimBatch(Section):
     gbs: int = Field(128, ge=1)  # the starting GBS; the static policy keeps it
     mbs: int = Field(1, ge=1)
 
 
-class SimParallel(_Section):
+class SimParallel(Section):
     dp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
 
 
-class SimSearch(_Section):
+class SimSearch(Section):
     gbs_min: int = Field(32, ge=1)
     gbs_max: int = Field(2048, ge=1)
     mbs: list[int] = [1, 2, 4]
     layouts: list[tuple[int, int, int]] | None = None  # default: every valid layout of the cluster
 
 
-class SimPolicy(_Section):
-    efficiency: Literal["pollux", "lr-aware"] = "pollux"
+class SimPolicy(Section):
+    efficiency: EfficiencyForm = "pollux"
     critical_factor: float = Field(2.0, gt=0.0)
     threshold: float = Field(0.10, ge=0.0)
     interval_s: float = Field(600.0, gt=0.0)
 
 
-class SimCosts(_Section):
+class SimCosts(Section):
     in_place_fixed_s: float = Field(25.0, ge=0.0)
     restart_fixed_s: float = Field(180.0, ge=0.0)
     storage_gb_per_s: float = Field(1.0, gt=0.0)  # per node, to the checkpoint store
 
 
-class SimLossCurve(_Section):
+class SimLossCurve(Section):
     e: float = Field(1.69, gt=0.0)
     a: float = Field(406.4, ge=0.0)
     alpha: float = Field(0.34, gt=0.0)
@@ -77,13 +77,13 @@ class SimLossCurve(_Section):
     beta: float = Field(0.28, gt=0.0)
 
 
-class SimCriticalBatch(_Section):
+class SimCriticalBatch(Section):
     b_star_tokens: float = Field(2.1e8, gt=0.0)
     alpha_b: float = Field(0.21, gt=0.0)
     flat_tokens: float | None = Field(None, gt=0.0)  # a constant critical batch instead
 
 
-class SimTraining(_Section):
+class SimTraining(Section):
     """The truth: loss against effective tokens, and the true critical batch against the loss
     (the published fit under `critical_batch`, or measured: `calibration`, a `copus calibrate`
     JSON, relative to the simulation file)."""
@@ -97,13 +97,11 @@ class SimTraining(_Section):
     @model_validator(mode="after")
     def _one_critical_batch(self) -> "SimTraining":
         if self.calibration is not None and "critical_batch" in self.model_fields_set:
-            raise _FieldProblem(
-                "training.calibration", "give either a calibration or training.critical_batch, not both"
-            )
+            raise FieldProblem("training.calibration", "give either a calibration or training.critical_batch, not both")
         return self
 
 
-class SimEstimate(_Section):
+class SimEstimate(Section):
     """The noise scale the planner sees: b_noise = mapping_error × ε × B_crit / c, ε the
     estimate's relative noise (`noise` its σ, seeded by `seed`), c = policy.critical_factor."""
 
@@ -113,14 +111,14 @@ class SimEstimate(_Section):
     seed: int = 0
 
 
-class SimPaper(_Section):
+class SimPaper(Section):
     """What the COPUS paper reports for this setting, printed beside our figures."""
 
     copus_speedup_vs_fastest_baseline: float | None = None
     note: str = ""
 
 
-class SimConfig(_Section):
+class SimConfig(Section):
     name: str = "simulation"
     model: str
     seq_len: int = Field(4096, ge=1)
@@ -139,15 +137,15 @@ class SimConfig(_Section):
     @model_validator(mode="after")
     def _rules(self) -> "SimConfig":
         if self.model not in FLAVOURS:
-            raise _FieldProblem("model", f"unknown flavour {self.model!r} (known: {', '.join(FLAVOURS)})")
+            raise FieldProblem("model", f"unknown flavour {self.model!r} (known: {', '.join(FLAVOURS)})")
         if self.cluster.node not in NODES:
-            raise _FieldProblem("cluster.node", f"unknown node {self.cluster.node!r} (known: {', '.join(NODES)})")
+            raise FieldProblem("cluster.node", f"unknown node {self.cluster.node!r} (known: {', '.join(NODES)})")
         if self.search.gbs_min > self.search.gbs_max:
-            raise _FieldProblem(
+            raise FieldProblem(
                 "search.gbs_min", f"{self.search.gbs_min} is larger than search.gbs_max {self.search.gbs_max}"
             )
         if len(set(self.policies)) != len(self.policies):
-            raise _FieldProblem("policies", f"list each policy once (got {self.policies})")
+            raise FieldProblem("policies", f"list each policy once (got {self.policies})")
         world = NODES[self.cluster.node].accelerators_per_node * self.cluster.nodes
         start = self.parallel or SimParallel(dp=world)
         problems = layout_problems(
@@ -155,7 +153,7 @@ class SimConfig(_Section):
         )
         if problems:  # the layout rules name experiment fields; here the cluster is nodes x node
             field, message = problems[0]
-            raise _FieldProblem(field.replace("cluster.num_workers", "cluster.nodes"), message)
+            raise FieldProblem(field.replace("cluster.num_workers", "cluster.nodes"), message)
         return self
 
 
@@ -166,7 +164,7 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
     try:
         cfg = SimConfig.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as err:
-        raise ConfigError(f"{path}: {_format_pydantic_error(err)}") from None
+        raise ConfigError(f"{path}: {format_pydantic_error(err)}") from None
     if cfg.training.calibration is None:
         return cfg
     calibration = (Path(path).parent / cfg.training.calibration).resolve()
@@ -229,7 +227,7 @@ def setting_from(cfg: SimConfig) -> Setting:
         cluster=cluster,
         shape=FLAVOURS[cfg.model].shape(),
         seq_len=cfg.seq_len,
-        start=Config(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs),
+        start=CandidateConfig(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs),
         gbs_min=cfg.search.gbs_min,
         gbs_max=cfg.search.gbs_max,
         mbs=tuple(cfg.search.mbs),

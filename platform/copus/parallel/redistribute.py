@@ -3,7 +3,7 @@
 Both layouts live in the same process group (the world group): the old model and optimiser
 are still intact, the new ones are allocated but unset. Each rank describes the boxes of the
 global tensors it holds (old) and needs (new); an all-gather of those small descriptions lets
-every rank compute the same transfer plan (`copus.core.reshard`); then each round of the plan
+every rank compute the same transfer plan (`copus.core.transfer_plan`); then each round of the plan
 is one batch of point-to-point sends and receives, one packed byte buffer per pair of ranks,
 and the pieces a rank already holds are copied locally.
 
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from copus.core.reshard import Box, Holdings, ReshardError, plan_transfers, traffic
+from copus.core.transfer_plan import Box, Holdings, ReshardError, plan_transfers, traffic
 
 # State dicts here are flat: key -> tensor (plain or DTensor); non-tensor entries are ignored.
 StateDict = dict[str, object]

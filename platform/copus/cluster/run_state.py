@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from copus.config import ConfigError, ExperimentConfig
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
+from copus.storage import ray_storage, write_json_atomic
 
 RUN_STATE = "run_state.json"
 CONTROLLER_STATE = "controller_state.json"
 RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
 FAULT_MARKERS = "faults"  # fault-injection markers (copus.train.faults)
-RAY_STORAGE = "ray"
-RAY_RUN_NAME = "train"
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
 # name-keyed optimiser state for resharding across layouts; 3: manifests and COMPLETE marker).
 CHECKPOINT_FORMAT = 3
@@ -57,10 +55,6 @@ def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ray_storage(output_dir: Path) -> Path:
-    return output_dir / RAY_STORAGE
-
-
 def clear_run(output_dir: Path) -> None:
     """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
     shutil.rmtree(ray_storage(output_dir), ignore_errors=True)
@@ -83,27 +77,20 @@ def load_run_state(output_dir: Path, key: str) -> RunState:
     return state
 
 
-def resume_config(reached: dict | None, start: Config) -> tuple[Config, str | None]:
+def resume_config(reached: dict | None, start: CandidateConfig) -> tuple[CandidateConfig, str | None]:
     """Where a (re)started run trains: the configuration it had reached, unless the cluster
     has another number of workers now (it grew or shrank): then the experiment's starting
     configuration for the new size, from the same checkpoint (DCP reshards across world sizes).
     Returns the configuration and, for a changed cluster, a line saying so."""
     if not reached:
         return start, None
-    before = Config(**reached)
+    before = CandidateConfig.from_dict(reached)
     if before.world_size == start.world_size:
         return before, None
     return start, (
         f"the cluster has {start.world_size} workers now, {before.world_size} before: resuming from the "
         f"last checkpoint in {start.label()}"
     )
-
-
-def write_json_atomic(path: Path, data) -> None:
-    """Write JSON so that a crash leaves the previous file or the new one, never half of one."""
-    tmp = path.parent / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def save_run_state(output_dir: Path, state: RunState) -> None:

@@ -4,7 +4,7 @@ their processes.
 At a step boundary every rank (having agreed on the target through rank 0's broadcast) builds
 the new layout next to the old one: a new DeviceMesh and its process groups, this rank's new
 pipeline stage and tensor-parallel shards allocated but not initialised, a fresh optimiser.
-Model and AdamW state then move from the old layout to the new one (`copus.parallel.reshard`:
+Model and AdamW state then move from the old layout to the new one (`copus.parallel.redistribute`:
 only the slices each rank's new shard needs, point to point) and are applied with the same
 `set_state_dict` a checkpoint load uses, which is what makes the continuation numerically the
 one a restart from checkpoint gives. Only then is the old layout let go (its process groups
@@ -20,13 +20,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from copus.core.throughput import Config
+from copus.core.layout import CandidateConfig
 from copus.parallel.agree import all_ranks_ok
 from copus.parallel.dims import ParallelDims, clear_mesh_caches
-from copus.parallel.reshard import redistribute
+from copus.parallel.redistribute import redistribute
 from copus.train.checkpoint import apply_layout_free_state, layout_free_state
 from copus.train.engine import ParallelModel
-from copus.train.hardware import process_memory
+from copus.train.host import process_memory
 from copus.train.plan import WorkerPlan
 
 
@@ -47,7 +47,7 @@ def reshard_in_place(
     model: ParallelModel,
     optimizer: torch.optim.Optimizer,
     plan: WorkerPlan,
-    target: Config,
+    target: CandidateConfig,
     make_optimizer,
     fail: bool = False,
 ) -> tuple[ParallelModel, torch.optim.Optimizer, dict]:

@@ -16,10 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from copus.core.layout import ModelShape
+from copus.core.layout import CandidateConfig, ModelShape
 from copus.core.memory import MemoryBreakdown
 from copus.core.throughput import (
-    Config,
     Measurement,
     StepTimeModel,
     StepTimeParams,
@@ -42,10 +41,6 @@ def key_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _config_of(row: dict) -> Config:
-    return Config(row["dp"], row["tp"], row["pp"], row["mbs"], row["gbs"])
-
-
 @dataclass
 class ProfileTable:
     key: dict
@@ -61,13 +56,13 @@ class ProfileTable:
         return f"profile-{self.id}.json"
 
     # --- rows -------------------------------------------------------------------------
-    def row(self, cfg: Config) -> dict | None:
+    def row(self, cfg: CandidateConfig) -> dict | None:
         for r in self.rows:
-            if _config_of(r) == cfg:
+            if CandidateConfig.from_dict(r) == cfg:
                 return r
         return None
 
-    def record(self, cfg: Config, **values) -> dict:
+    def record(self, cfg: CandidateConfig, **values) -> dict:
         """Add or replace the row of `cfg` (a re-measurement replaces the old figure)."""
         row = {
             "dp": cfg.dp,
@@ -79,16 +74,16 @@ class ProfileTable:
             "recorded_at": time.time(),
             **values,
         }
-        self.rows = [r for r in self.rows if _config_of(r) != cfg] + [row]
+        self.rows = [r for r in self.rows if CandidateConfig.from_dict(r) != cfg] + [row]
         return row
 
     def measured(self) -> list[Measurement]:
-        return [Measurement(_config_of(r), r["step_time_s"]) for r in self.rows if r["status"] == "ok"]
+        return [Measurement(CandidateConfig.from_dict(r), r["step_time_s"]) for r in self.rows if r["status"] == "ok"]
 
     def infeasible(self) -> list[dict]:
         return [r for r in self.rows if r["status"] == "infeasible"]
 
-    def known(self, cfg: Config) -> bool:
+    def known(self, cfg: CandidateConfig) -> bool:
         return self.row(cfg) is not None
 
     # --- memory -------------------------------------------------------------------------
@@ -102,7 +97,7 @@ class ProfileTable:
         ]
         return max([1.0, *ratios])
 
-    def feasible(self, cfg: Config, predicted: MemoryBreakdown, usable_bytes: float) -> tuple[bool, str]:
+    def feasible(self, cfg: CandidateConfig, predicted: MemoryBreakdown, usable_bytes: float) -> tuple[bool, str]:
         """Measured outcomes win over the memory model; unmeasured ones use the calibrated model."""
         row = self.row(cfg)
         if row is not None and row.get("source") == "measured":

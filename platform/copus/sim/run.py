@@ -6,9 +6,9 @@ from and how far the planner's noise-scale estimate is off it (`estimate`)."""
 from __future__ import annotations
 
 from copus.core.comparison import summarize
+from copus.core.layout import CandidateConfig
 from copus.core.simulator import best_layout_by_gbs, search_space, simulate
-from copus.core.throughput import Config
-from copus.sim_config import SimConfig, setting_from
+from copus.sim.config import SimConfig, setting_from
 
 
 def run_simulation(cfg: SimConfig) -> dict:
@@ -87,7 +87,7 @@ def simulation_text(result: dict) -> str:
     for policy, r in result["policies"].items():
         lines.append(
             f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
-            f"{Config(**r['start']).label():<26} {Config(**r['final']).label():<26}"
+            f"{CandidateConfig.from_dict(r['start']).label():<26} {CandidateConfig.from_dict(r['final']).label():<26}"
         )
     paper = result["paper"].get("copus_speedup_vs_fastest_baseline")
     lines += [
@@ -99,7 +99,7 @@ def simulation_text(result: dict) -> str:
     ]
     previous = None
     for row in result["best_layout_by_gbs"]:
-        c = Config(**row["config"])
+        c = CandidateConfig.from_dict(row["config"])
         layout = f"dp{c.dp}-tp{c.tp}-pp{c.pp} mbs{c.mbs}"
         mark = "" if previous in (None, layout) else "   <- the best layout changes"
         lines.append(f"  gbs {row['gbs']:>5}: {layout:<22} {row['samples_per_s']:8.1f} samples/s{mark}")
