@@ -19,8 +19,8 @@ import torch.distributed as dist
 from copus.parallel.dims import ParallelDims
 from copus.train.engine import ParallelModel
 from copus.train.local import run_on_gloo_ranks
-from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan
+from copus.train.replica import make_optimizer, train_step
 from workloads.flavours import FLAVOURS
 
 

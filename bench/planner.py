@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES
 from copus.core.planner import Planner, SwitchCosts
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import StepTimeModel, StepTimeParams
@@ -23,7 +24,9 @@ from workloads.flavours import FLAVOURS
 def main() -> None:
     shape = FLAVOURS["llama-2-13b"].shape()
     t = time.perf_counter()
-    cands = candidates(valid_layouts(32, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape)
+    cands = candidates(
+        valid_layouts(32, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape, DP_SHARD_MODES, RECOMPUTE_MODES
+    )
     enumerate_s = time.perf_counter() - t
     model = StepTimeModel(
         StepTimeParams(
@@ -41,7 +44,10 @@ def main() -> None:
         d = planner.decide(current, float(b_noise), interval_s=300, costs=SwitchCosts(60.0, 60.0))
         times.append(time.perf_counter() - t)
         current = d.target
-    print(f"32-GPU search space: {len(cands)} candidates ({len(valid_layouts(32, shape))} layouts)")
+    print(
+        f"32-GPU search space: {len(cands)} candidates ({len(valid_layouts(32, shape))} layouts x MBS x GBS x "
+        f"{len(DP_SHARD_MODES)} sharding x {len(RECOMPUTE_MODES)} recomputation modes)"
+    )
     print(f"enumerate {enumerate_s * 1e3:.1f} ms, score throughputs once {build_s * 1e3:.1f} ms")
     print(
         f"one decision: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms "

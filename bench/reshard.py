@@ -26,8 +26,8 @@ from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.engine import ParallelModel
 from copus.train.host import release_memory
 from copus.train.local import run_on_gloo_ranks
-from copus.train.loop import make_optimizer, train_step
 from copus.train.plan import OptimizerPlan, WorkerPlan
+from copus.train.replica import make_optimizer, train_step
 from copus.train.reshard_in_place import reshard_in_place
 from workloads.flavours import FLAVOURS
 

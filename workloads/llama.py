@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -112,8 +113,17 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(f)
         self.ffn_norm = RMSNorm(f.dim, f.norm_eps)
         self.feed_forward = FeedForward(f)
+        # Activation recomputation (copus.parallel.recompute): a function that runs the block's
+        # computation keeping less for backward. An attribute, not a wrapping module, so that
+        # parameter names stay the plain model's.
+        self.recompute: Callable | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute is not None and torch.is_grad_enabled():
+            return self.recompute(self.compute, x, cos, sin)
+        return self.compute(x, cos, sin)
+
+    def compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 

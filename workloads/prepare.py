@@ -242,6 +242,31 @@ class PrepareReport:
     resumed_units: int  # units whose shard an earlier, interrupted call had written
 
 
+def _tokenized_key(
+    kind: str,
+    train_files: list,
+    val_files: list,
+    text_field: str,
+    tokenizer: str | None,
+    dtype: str,
+    val_fraction: float,
+) -> str:
+    """What the token files depend on: the source files' contents, the text field, the tokenizer's
+    file, the token dtype, the split and the unit size."""
+    tok_digest = file_digest(tokenizer_file(tokenizer)) if tokenizer else "bytes"
+    return cache_key(
+        "tokenized",
+        kind,
+        [file_digest(p) for p in train_files + val_files],
+        len(train_files),
+        text_field,
+        tok_digest,
+        dtype,
+        val_fraction,
+        UNIT_BYTES,
+    )
+
+
 def build_tokenized(
     kind: str,
     path: str,
@@ -263,19 +288,9 @@ def build_tokenized(
     train_files, val_files = source_files(path, kind), source_files(val_path, kind) if val_path else []
     if not train_files or (val_path and not val_files):
         raise DatasetError(f"{path if not train_files else val_path}: no {kind} file found")
-    tok_digest = file_digest(tokenizer_file(tokenizer)) if tokenizer else "bytes"
-    key = cache_key(
-        "tokenized",
-        kind,
-        [file_digest(p) for p in train_files + val_files],
-        len(train_files),
-        text_field,
-        tok_digest,
-        dtype,
-        val_fraction,
-        UNIT_BYTES,
+    out_dir = (
+        cache / "tokenized" / _tokenized_key(kind, train_files, val_files, text_field, tokenizer, dtype, val_fraction)
     )
-    out_dir = cache / "tokenized" / key
     workers = max(1, workers or os.cpu_count() or 1)
     cached = read_cached(out_dir)
     if cached:

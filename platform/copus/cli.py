@@ -27,6 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="copus", description="Goodput-driven co-adaptive batch size and 3D parallelism on Ray"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_training_commands(sub)
+    _add_analysis_commands(sub)
+    _add_data_commands(sub)
+    return parser
+
+
+def _add_training_commands(sub) -> None:
+    """validate, run, gns, compare."""
     p = sub.add_parser("validate", help="check an experiment YAML and print the resolved config")
     _add_experiment_args(p)
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
@@ -45,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)"
     )
     p.add_argument("--quiet", action="store_true", help="print only the final table")
+
+
+def _add_analysis_commands(sub) -> None:
+    """report, simulate, calibrate, profile."""
     p = sub.add_parser(
         "report", help="a self-contained HTML report of a comparison or a run (from MLflow), or of a calibration file"
     )
@@ -82,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _add_data_commands(sub) -> None:
+    """prepare, export."""
     p = sub.add_parser("prepare", help="tokenize the experiment's dataset into token files, on all cores (restartable)")
     _add_experiment_args(p)
     p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: every core)")
@@ -90,7 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a run's newest committed checkpoint as a Hugging Face model directory")
     p.add_argument("output_dir", help="the run's output_dir")
     p.add_argument("out", help="the Hugging Face model directory to write (must not exist, or be empty)")
-    return parser
 
 
 def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
@@ -99,7 +114,8 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     else:
         p, b = cfg.parallel, cfg.batch
         print(
-            f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp} "
+            f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp}"
+            f"{cfg.start_config().knobs_label()} "
             f"on {cfg.cluster.num_workers} {'GPU' if cfg.cluster.use_gpu else 'CPU'} workers, gbs {b.gbs} "
             f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}, "
             f"output {cfg.resolved_output_dir()}"

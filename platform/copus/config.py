@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from copus.core.efficiency import EfficiencyForm
+from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 
 
@@ -90,6 +91,11 @@ class ParallelConfig(Section):
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    # Sharded data parallelism: none (every replica holds all), optimizer (AdamW state and
+    # gradients sharded over dp), full (parameters too: FSDP2). Activation recomputation: none,
+    # selective (attention core, MLP activation), full (every layer from its input).
+    dp_shard: DpShard = "none"
+    recompute: Recompute = "none"
 
 
 class GNSConfig(Section):
@@ -154,6 +160,8 @@ class SearchConfig(Section):
     gbs_max: int | None = Field(None, ge=1)  # default: batch.gbs
     mbs: list[int] | None = None  # default: [batch.mbs]
     layouts: list[tuple[int, int, int]] | None = None  # [dp, tp, pp] each; default: every valid layout
+    dp_shard: list[DpShard] | None = None  # sharding modes the planner may choose; default: [parallel.dp_shard]
+    recompute: list[Recompute] | None = None  # recomputation modes; default: [parallel.recompute]
 
 
 class ProfileConfig(Section):
@@ -237,6 +245,17 @@ class ExperimentConfig(Section):
 
     def mbs_choices(self) -> list[int]:
         return sorted(set(self.search.mbs or [self.batch.mbs]))
+
+    def shard_choices(self) -> list[str]:
+        return sorted(set(self.search.dp_shard or [self.parallel.dp_shard]), key=DP_SHARD_MODES.index)
+
+    def recompute_choices(self) -> list[str]:
+        return sorted(set(self.search.recompute or [self.parallel.recompute]), key=RECOMPUTE_MODES.index)
+
+    def start_config(self) -> CandidateConfig:
+        """The configuration the experiment names: parallel.* and batch.*."""
+        p, b = self.parallel, self.batch
+        return CandidateConfig(p.dp, p.tp, p.pp, b.mbs, b.gbs, p.dp_shard, p.recompute)
 
     def flavour(self):
         """The model's shape (a workloads.flavours.ModelFlavour): named, or from workload.init_from."""

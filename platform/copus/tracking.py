@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from copus.records import Record, parse_record
+
 # Which fields of a worker record become which MLflow metrics.
 STEP_METRICS = (
     "train_loss",
@@ -75,15 +77,17 @@ def artifact_location(tracking_uri: str) -> str | None:
     return None
 
 
-def metrics_of(record: dict, timestamp_ms: int | None = None) -> list[Metric]:
-    keys = _BY_KIND.get(record.get("kind"), ())
+def metrics_of(record: Record, timestamp_ms: int | None = None) -> list[Metric]:
+    keys = _BY_KIND.get(record.kind, ())
+    if not keys:
+        return []
     ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
-    step = int(record.get("step", 0))
+    values = {k: getattr(record, k) for k in keys}
     # Non-finite values (an early B_noise of inf, say) are left out: MLflow charts cannot draw them.
     return [
-        Metric(k, float(record[k]), ts, step)
-        for k in keys
-        if record.get(k) is not None and math.isfinite(float(record[k]))
+        Metric(k, float(v), ts, int(record.step))
+        for k, v in values.items()
+        if v is not None and math.isfinite(float(v))
     ]
 
 
@@ -205,7 +209,8 @@ class Tracker:
         self.log_metrics(run_id, [Metric(k, float(v), now, step) for k, v in values.items()])
 
     def log_records(self, run_id: str, records: Iterable[dict]) -> None:
-        self.log_metrics(run_id, [m for r in records for m in metrics_of(r)])
+        """The metrics of workers' records (as they arrive: dicts)."""
+        self.log_metrics(run_id, [m for r in records for m in metrics_of(parse_record(r))])
 
     def _tolerant(self, what: str, write) -> None:
         try:

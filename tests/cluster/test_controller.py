@@ -83,9 +83,9 @@ def test_copus_changes_gbs_then_layout_in_place(base_mapping, tmp_path):
     assert (
         first["in_place"]
         and first["from"]["gbs"] == 8
-        and first["to"] == {"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 16}
+        and CandidateConfig.from_dict(first["to"]) == CandidateConfig(2, 1, 1, 2, 16)
     )
-    assert second["in_place"] and second["to"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 32}
+    assert second["in_place"] and CandidateConfig.from_dict(second["to"]) == CandidateConfig(1, 1, 2, 2, 32)
     assert first["change"] == "gbs" and second["change"] == "layout"
     # dp2 -> pp2: each rank already holds its new stage (a full replica before): all copied locally.
     assert second["reshard"]["bytes_moved"] == 0 and second["reshard"]["bytes_local"] > 0

@@ -131,7 +131,7 @@ def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_
     for step, value in flat_loss.items():
         assert loss_3d[step] == pytest.approx(value, rel=1e-4), step
     assert three_d["final_val_loss"] == pytest.approx(flat["final_val_loss"], rel=1e-4)
-    assert three_d["layout"] == {"dp": 2, "tp": 2, "pp": 2, "mbs": 2, "gbs": 8}
+    assert three_d["layout"] == {"dp": 2, "tp": 2, "pp": 2, "mbs": 2, "gbs": 8, "dp_shard": "none", "recompute": "none"}
     run = client.get_run(three_d["mlflow_run_id"])
     assert run.data.tags["layout"] == "dp2-tp2-pp2"
     assert run.data.metrics["pp"] == 2 and run.data.metrics["tp"] == 2

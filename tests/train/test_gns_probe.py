@@ -14,8 +14,8 @@ from copus.train.checkpoint import load_checkpoint
 from copus.train.engine import token_loss
 from copus.train.gns import measure_gns
 from copus.train.local import run_local
-from copus.train.loop import build_replica
 from copus.train.plan import StopRule
+from copus.train.replica import build_replica
 from tests.train.loop_helpers import small_plan, spawn
 
 pytestmark = pytest.mark.slow

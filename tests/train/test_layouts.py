@@ -53,6 +53,16 @@ def test_layout_matches_single_process(reference, tmp_path, layout, schedule):
     assert final["samples"] == 48
 
 
+def test_the_loop_trains_sharded_and_recomputing_to_the_same_numbers(reference, tmp_path):
+    """dp_shard and recompute reach the engine from the plan (tests/parallel/test_sharding.py
+    covers every mode and its composition with tp and pp at the engine level)."""
+    plan, ref_records, ref_params = reference
+    sharded = plan.replaced(dp=2, dp_shard="full", recompute="selective")
+    records, final, params = run_distributed(2, sharded, tmp_path, tmp_path / "ckpt")
+    _assert_matches(ref_records, ref_params, records, params)
+    assert final["samples"] == 48
+
+
 RESHARD = [
     ((2, 2, 2), 2, (1, 1, 1), 4),
     ((1, 1, 1), 2, (2, 2, 2), 1),

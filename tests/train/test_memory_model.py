@@ -21,8 +21,8 @@ from copus.core.memory import (
 from copus.parallel.dims import ParallelDims
 from copus.parallel.pipeline import keep_stage
 from copus.train.engine import ParallelModel, token_loss
-from copus.train.loop import make_optimizer
 from copus.train.plan import OptimizerPlan
+from copus.train.replica import make_optimizer
 from tests.train.loop_helpers import spawn
 from workloads.flavours import FLAVOURS
 from workloads.llama import materialize, skeleton
@@ -131,6 +131,51 @@ def test_layouts_divide_memory_and_the_limit_gives_a_reason():
     ok, reason = fits(whole, 80 * GIB, 0.1)
     assert not ok and "memory model" in reason and "GiB" in reason  # 7B with AdamW on one 80 GB GPU: no
     assert fits(split, 80 * GIB, 0.1)[0]
-    assert bytes_per_rank(shape, 8, 1, 1, 1, 8, 2048, shard_optimizer=True).optimizer == pytest.approx(
+    assert bytes_per_rank(shape, 8, 1, 1, 1, 8, 2048, dp_shard="optimizer").optimizer == pytest.approx(
         whole.optimizer / 8
     )
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_recomputation_keeps_what_the_model_says(recompute):
+    # Bytes alive after the forward pass beyond the model's own (torch's memory tracker): what
+    # backward will use, recomputed parts excluded.
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    flavour, seq, mbs = FLAVOURS["tiny"], 64, 2
+    model = ParallelModel(flavour, seq, 0, ParallelDims(1, 1, 1), torch.device("cpu"), recompute=recompute)
+    tokens = torch.randint(0, flavour.vocab_size, (mbs, seq + 1), generator=torch.Generator().manual_seed(0))
+    tracker = MemTracker()
+    tracker.track_external(model.module)
+    with tracker:
+        before = tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
+        loss = token_loss(model.module(tokens[:, :-1]), tokens[:, 1:])
+        kept = tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"] - before
+        loss.backward()
+    predicted = mbs * seq * activation_bytes_per_token(flavour.shape(), 1, 1, 0, FP32, recompute)
+    assert predicted == pytest.approx(kept, rel=0.02)
+
+
+def _sharded_state_bytes(dp_shard: str) -> tuple[int, int, int]:
+    flavour = FLAVOURS["tiny"]
+    model = ParallelModel(flavour, 32, 0, ParallelDims(2, 1, 1), torch.device("cpu"), dp_shard=dp_shard)
+    optimizer = make_optimizer(model, OptimizerPlan(), 1e-3)
+    tokens = torch.randint(0, flavour.vocab_size, (4, 33), generator=torch.Generator().manual_seed(model.dp_rank))
+    model.forward_backward(tokens[:, :-1], tokens[:, 1:], 2)
+    model.reduce_and_clip(1.0)
+    optimizer.step()
+
+    def local_bytes(tensors) -> int:
+        return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+    state = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
+    return local_bytes(model.params), local_bytes(p.grad for p in model.params), local_bytes(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp_shard", ["optimizer", "full"])
+def test_sharded_state_is_the_models_shard(dp_shard):
+    # After the step: parameters, reduced gradients and AdamW state are 1/dp of the replica's.
+    n = stage_params_per_rank(FLAVOURS["tiny"].shape(), 1, 1, 0)
+    for params, grads, state in spawn(2, _sharded_state_bytes, dp_shard):
+        assert (params, grads, state) == (n / 2 * FP32, n / 2 * FP32, n / 2 * ADAM_STATE_BYTES)

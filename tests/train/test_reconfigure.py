@@ -17,8 +17,8 @@ from copus.train.data import replica_batch
 from copus.train.faults import Faults
 from copus.train.host import release_memory
 from copus.train.local import run_local
-from copus.train.loop import build_replica, make_optimizer, train_step
 from copus.train.plan import StopRule
+from copus.train.replica import build_replica, make_optimizer, train_step
 from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
 from tests.train.loop_helpers import losses, small_plan, spawn
 
@@ -84,7 +84,8 @@ def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_c
     reference, _, _ = run_local(plan.replaced(dp=1, tp=1, pp=1, checkpoint_every_steps=100), tmp_path / "ref")
     for step, loss in losses(reference).items():
         assert in_place[step] == pytest.approx(loss, rel=1e-4), step
-    assert out["final"]["samples"] == 7 * 16 and out["final"]["layout"] == {"dp": 2, "tp": 2, "pp": 2}
+    assert out["final"]["samples"] == 7 * 16
+    assert out["final"]["layout"] == {"dp": 2, "tp": 2, "pp": 2, "dp_shard": "none", "recompute": "none"}
     assert out["final"]["mbs"] == 4
 
 
@@ -108,7 +109,7 @@ def test_a_failed_in_place_change_falls_back_to_a_restart_with_the_old_state_int
     plan = small_plan(token_cache, gbs=8, mbs=2, dp=2, stop=StopRule(max_steps=4), checkpoint_every_steps=100)
     out = spawn(2, _fail_then_resume, plan, tmp_path)[0]
     assert out["final"]["stop_reason"] == "reconfigure" and out["final"]["step"] == 2
-    assert out["final"]["reconfigure"] == {"dp": 1, "tp": 1, "pp": 2, "mbs": 2, "gbs": 8, "fell_back": True}
+    assert out["final"]["reconfigure"] == {**CandidateConfig(1, 1, 2, 2, 8).as_dict(), "fell_back": True}
     assert "InjectedReshardFault" in out["strict"]  # reconfigure: in_place does not fall back
     reference, _, _ = run_local(plan.replaced(dp=1), tmp_path / "ref")
     for step in (3, 4):

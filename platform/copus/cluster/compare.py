@@ -48,39 +48,12 @@ def run_comparison(
         for repeat in range(suite.repeats):
             for i, policy in enumerate(suite.policies):
                 seed = base.workload.seed + (repeat if suite.seeds == "same" else repeat * len(suite.policies) + i)
-                run_dir = out / policy / f"r{repeat}"
-                cfg = config_from_mapping(
-                    experiment,
-                    suite.set
-                    + overrides
-                    + [
-                        f"policy.name={policy}",
-                        f"workload.seed={seed}",
-                        f"output_dir={run_dir}",
-                        f"tracking.run_name={suite.name}/{policy}/r{repeat}",
-                        f"profile.table_dir={table_dir}",
-                        *(["policy.layout=best"] if policy == "static" and suite.static_layout == "best" else []),
-                    ],
+                cfg = _policy_config(
+                    suite, experiment, overrides, policy, repeat, seed, out / policy / f"r{repeat}", table_dir
                 )
                 echo(f"== {suite.name}: {policy}, repeat {repeat + 1}/{suite.repeats}, seed {seed}")
                 summary = run_experiment(cfg, fresh=True, echo=echo, parent_run_id=parent)
-                runs.append(
-                    {
-                        "policy": policy,
-                        "repeat": repeat,
-                        "seed": seed,
-                        "time_to_target_s": summary["time_to_target_s"],
-                        "reached_target": summary["reached_target"],
-                        "final_val_loss": summary["final_val_loss"],
-                        "samples": summary["samples"],
-                        "reconfigurations": len(summary["reconfigurations"]),
-                        "wall_clock_s": summary["wall_clock_s"],
-                        "initial_layout": summary["initial_layout"],
-                        "final_layout": summary["layout"],
-                        "mlflow_run_id": summary["mlflow_run_id"],
-                        "output_dir": summary["output_dir"],
-                    }
-                )
+                runs.append(_run_row(policy, repeat, seed, summary))
                 result = {
                     "suite": suite.name,
                     "experiment": base.name,
@@ -96,6 +69,61 @@ def run_comparison(
     except BaseException:
         tracker.finish(parent, "FAILED")
         raise
+    _log_to_parent(tracker, parent, suite, result)
+    result["output_dir"] = str(out)
+    echo(comparison_table(result))
+    return result
+
+
+def _policy_config(
+    suite: SuiteConfig,
+    experiment: dict,
+    overrides: list[str],
+    policy: str,
+    repeat: int,
+    seed: int,
+    run_dir: Path,
+    table_dir: str,
+):
+    """One run of the suite: the experiment with the suite's settings, the policy, its seed, its own
+    output directory and MLflow name, and the suite's shared profile table."""
+    return config_from_mapping(
+        experiment,
+        suite.set
+        + overrides
+        + [
+            f"policy.name={policy}",
+            f"workload.seed={seed}",
+            f"output_dir={run_dir}",
+            f"tracking.run_name={suite.name}/{policy}/r{repeat}",
+            f"profile.table_dir={table_dir}",
+            *(["policy.layout=best"] if policy == "static" and suite.static_layout == "best" else []),
+        ],
+    )
+
+
+def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
+    """comparison.json's entry for one run, cut from its summary.json."""
+    return {
+        "policy": policy,
+        "repeat": repeat,
+        "seed": seed,
+        "time_to_target_s": summary["time_to_target_s"],
+        "reached_target": summary["reached_target"],
+        "final_val_loss": summary["final_val_loss"],
+        "samples": summary["samples"],
+        "reconfigurations": len(summary["reconfigurations"]),
+        "wall_clock_s": summary["wall_clock_s"],
+        "initial_layout": summary["initial_layout"],
+        "final_layout": summary["layout"],
+        "mlflow_run_id": summary["mlflow_run_id"],
+        "output_dir": summary["output_dir"],
+    }
+
+
+def _log_to_parent(tracker: Tracker, parent: str, suite: SuiteConfig, result: dict) -> None:
+    """The finished suite on its MLflow parent run: per-policy figures, speedups, final configurations,
+    the comparison file, a name that says the outcome, and the shared results view."""
     for policy, stats in result["policies"].items():
         values = {
             f"time_to_target_s.{policy}": stats["time_to_target_s"],
@@ -103,14 +131,11 @@ def run_comparison(
         }
         tracker.log_values(parent, {k: v for k, v in values.items() if v is not None}, step=0)
     tracker.log_values(parent, speedup_metrics(result["policies"]), step=0)
-    tracker.set_tags(parent, final_configs(runs))
+    tracker.set_tags(parent, final_configs(result["runs"]))
     tracker.log_dict(parent, result, "comparison.json")
     tracker.rename(parent, f"compare: {suite.name} | {speedup_phrase(result['policies'])}")
     tracker.finish(parent)
-    result["output_dir"] = str(out)
     tracker.share_view(result["mlflow_view_key"], comparison_columns(suite.policies))
-    echo(comparison_table(result))
-    return result
 
 
 def speedup_metrics(policies: dict) -> dict[str, float]:

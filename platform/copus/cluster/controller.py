@@ -22,8 +22,9 @@ import ray
 
 from copus.cluster.monitor import RecordQueue
 from copus.core.layout import CandidateConfig
-from copus.core.planner import Planner, SwitchCosts
+from copus.core.planner import Decision, Planner, SwitchCosts
 from copus.core.policies import decide
+from copus.records import EvalRecord, StepRecord, parse_record
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,6 @@ class Controller(RecordQueue):
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.state_path)
 
-    def _b_noise(self, record: dict) -> float:
-        b = record.get("b_noise")
-        return float(b) if b is not None else float("nan")
-
     def _decision_b_noise(self, measured: float) -> float:
         script = self.spec.b_noise_script
         if script:
@@ -121,82 +118,77 @@ class Controller(RecordQueue):
 
     def push(self, record: dict) -> None:
         super().push(record)
-        if record.get("kind") == "eval":
-            self.last_val_loss = float(record["val_loss"])
-        if record.get("kind") == "step":
-            self._observe(record)
+        r = parse_record(record)
+        if isinstance(r, EvalRecord):
+            self.last_val_loss = float(r.val_loss)
+        elif isinstance(r, StepRecord):
+            self._observe(r)
 
-    def _observe(self, r: dict) -> None:
-        b_noise = self._b_noise(r)
+    def _observe(self, r: StepRecord) -> None:
+        """Keep the step in the history; once per decision interval (and no switch pending), ask
+        the policy."""
+        b_noise = float(r.b_noise) if r.b_noise is not None else float("nan")
         self.history.append(
             {
-                "step": r["step"],
-                "samples": r["samples"],
-                "wall_clock_s": r["wall_clock_s"],
-                "step_time_s": r["step_time_s"],
-                "train_loss": r["train_loss"],
+                "step": r.step,
+                "samples": r.samples,
+                "wall_clock_s": r.wall_clock_s,
+                "step_time_s": r.step_time_s,
+                "train_loss": r.train_loss,
                 "b_noise": b_noise,
-                "gbs": r["gbs"],
+                "gbs": r.gbs,
             }
         )
         if self._interval_start is None:
-            self._interval_start = r["wall_clock_s"]
-        if self.pending is not None or r["wall_clock_s"] - self._interval_start < self.spec.interval_s:
+            self._interval_start = r.wall_clock_s
+        if self.pending is not None or r.wall_clock_s - self._interval_start < self.spec.interval_s:
             return
-        self._interval_start = r["wall_clock_s"]
-        b_noise = self._decision_b_noise(b_noise)
-        current = CandidateConfig.from_dict(r)
+        self._interval_start = r.wall_clock_s
+        self._evaluate(r, self._decision_b_noise(b_noise))
+        self._save()
+
+    def _evaluate(self, r: StepRecord, b_noise: float) -> None:
+        """The policy's decision at this step: an evaluation in the history, and a pending switch
+        when it says to switch."""
         d = decide(
             self.spec.policy,
             self.planner,
-            current,
+            r.config(),
             b_noise,
             self.spec.critical_factor,
             self.spec.interval_s,
             self.costs(),
             loss=self.last_val_loss,
         )
+        entry = {"step": r.step, "wall_clock_s": r.wall_clock_s, "b_noise": b_noise}
         if d is None:
-            self.evaluations.append(
-                {
-                    "step": r["step"],
-                    "wall_clock_s": r["wall_clock_s"],
-                    "b_noise": b_noise,
-                    "switch": False,
-                    "reason": "nothing to decide",
-                }
-            )
-            self._save()
+            self.evaluations.append({**entry, "switch": False, "reason": "nothing to decide"})
             return
-        entry = {
-            "step": r["step"],
-            "wall_clock_s": r["wall_clock_s"],
-            "b_noise": b_noise,
-            "switch": d.switch,
-            "reason": d.reason,
-            "current": d.current.as_dict(),
-            "best": d.best.as_dict(),
-        }
-        self.evaluations.append(entry)
+        self.evaluations.append(
+            {**entry, "switch": d.switch, "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
+        )
         if d.switch:
-            self.pending = {
-                "config": d.target.as_dict(),
-                "change": d.kind,
-                "cost_s": d.cost_s,
-                "reason": d.reason,
-                "b_noise": b_noise if math.isfinite(b_noise) else None,
-                "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
-                "predicted_goodput": d.best.goodput,
-                "current_predicted_goodput": d.current.goodput,
-                "predicted_throughput": d.best.throughput,
-                "predicted_efficiency": d.best.efficiency,
-                "current_predicted_efficiency": d.current.efficiency,
-                "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
-                "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
-                "val_loss": _finite(self.last_val_loss),
-                "efficiency_source": self.planner.mapping.source,
-            }
-        self._save()
+            self.pending = self._pending_switch(d, b_noise)
+
+    def _pending_switch(self, d: Decision, b_noise: float) -> dict:
+        """What rank 0 collects: the target configuration and why (the reconfigure record carries it)."""
+        return {
+            "config": d.target.as_dict(),
+            "change": d.kind,
+            "cost_s": d.cost_s,
+            "reason": d.reason,
+            "b_noise": b_noise if math.isfinite(b_noise) else None,
+            "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
+            "predicted_goodput": d.best.goodput,
+            "current_predicted_goodput": d.current.goodput,
+            "predicted_throughput": d.best.throughput,
+            "predicted_efficiency": d.best.efficiency,
+            "current_predicted_efficiency": d.current.efficiency,
+            "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
+            "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
+            "val_loss": _finite(self.last_val_loss),
+            "efficiency_source": self.planner.mapping.source,
+        }
 
     def decision(self) -> dict | None:
         """The switch decided since the last call, if any (rank 0, at a step boundary)."""

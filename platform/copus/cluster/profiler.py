@@ -28,10 +28,11 @@ from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
 from copus.config import ExperimentConfig
 from copus.core.layout import CandidateConfig
-from copus.core.memory import GIB, bytes_per_rank
+from copus.core.memory import GIB, config_bytes
 from copus.core.search import candidates, gbs_grid, profile_points
 from copus.core.throughput import StepTimeModel
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
+from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord, Record, parse_record
 from copus.tracking import Tracker, flatten
 from copus.train.host import describe_hardware, hardware_label
 from copus.train.profile import ProfileJob
@@ -74,23 +75,26 @@ def device_memory_bytes(cfg: ExperimentConfig, hardware: dict) -> float:
 def memory_estimate(cfg: ExperimentConfig, c: CandidateConfig, hardware: dict):
     act_bytes = 2 if cfg.cluster.mixed_precision in ("bf16", "fp16") else 4
     overhead = GPU_RUNTIME_OVERHEAD_BYTES if hardware["kind"] == "cuda" else 0.0
-    return bytes_per_rank(
+    return config_bytes(
         cfg.flavour().shape(),
-        c.dp,
-        c.tp,
-        c.pp,
-        c.mbs,
-        c.microbatches,
+        c,
         cfg.workload.seq_len,
-        cfg.parallel.pp_schedule,
-        act_bytes,
+        schedule=cfg.parallel.pp_schedule,
+        act_bytes=act_bytes,
         overhead_bytes=overhead,
     )
 
 
 def search_space(cfg: ExperimentConfig) -> list[CandidateConfig]:
     shape = cfg.flavour().shape()
-    return candidates(cfg.layout_choices(), cfg.mbs_choices(), gbs_grid(*cfg.gbs_bounds()), shape)
+    return candidates(
+        cfg.layout_choices(),
+        cfg.mbs_choices(),
+        gbs_grid(*cfg.gbs_bounds()),
+        shape,
+        cfg.shard_choices(),
+        cfg.recompute_choices(),
+    )
 
 
 def _failure_reason(err: BaseException) -> str:
@@ -143,6 +147,25 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
     table.save(table_dir)
 
     ctx = _Context(cfg, plan, table, table_dir, hardware, t0 + cfg.profile.budget_s, echo)
+    unmeasured = _measure_space(ctx, space)
+    table.fit(shape, cfg.profile.folds)
+    # A point far off the model fitted without it was often measured while something else
+    # used the cores: measure it once more and keep the faster median.
+    suspects = _suspects(table)
+    if suspects and time.time() < ctx.deadline:
+        echo(f"  measuring {len(suspects)} point(s) far off the model again")
+        ctx.measure(suspects, remeasure=True)
+    model = table.fit(shape, cfg.profile.folds)
+    result = _result(ctx, model, space, unmeasured, suspects, t0)
+    result["mlflow_run_id"] = _log_to_mlflow(cfg, table, result)
+    _print_summary(table, result, echo)
+    return result
+
+
+def _measure_space(ctx: _Context, space: list[CandidateConfig]) -> list[CandidateConfig]:
+    """Measure the profile points of the search space until every one is known or the budget
+    is spent; returns the points planned but not measured."""
+    cfg, table = ctx.cfg, ctx.table
     while True:
         # Plan from what is known to run: a configuration that failed is replaced by another
         # GBS of its shape in the next round.
@@ -152,24 +175,26 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         failures = len(table.infeasible())
         ctx.measure(pending)
         if len(table.infeasible()) == failures or time.time() >= ctx.deadline:
-            break
-    unmeasured = [c for c in pending if not table.known(c)]
-    table.fit(shape, cfg.profile.folds)
-    # A point far off the model fitted without it was often measured while something else
-    # used the cores: measure it once more and keep the faster median.
-    suspects = _suspects(table)
-    if suspects and time.time() < ctx.deadline:
-        echo(f"  measuring {len(suspects)} point(s) far off the model again")
-        ctx.measure(suspects, remeasure=True)
-    model = table.fit(shape, cfg.profile.folds)
-    path = table.save(table_dir)
-    rows = table.measured()
+            return [c for c in pending if not table.known(c)]
+
+
+def _result(
+    ctx: _Context,
+    model: dict,
+    space: list[CandidateConfig],
+    unmeasured: list[CandidateConfig],
+    suspects: list[CandidateConfig],
+    t0: float,
+) -> dict:
+    """What `copus profile` reports (the table is saved first)."""
+    table = ctx.table
+    path = table.save(ctx.table_dir)
     worst = max((r for r in table.rows if r["status"] == "ok"), key=lambda r: r.get("cv_ape", 0.0))
-    result = {
+    return {
         "table": str(path),
         "key_id": table.id,
-        "hardware": hardware,
-        "points": len(rows),
+        "hardware": ctx.hardware,
+        "points": len(table.measured()),
         "measured_now": ctx.measured,
         "infeasible": [
             {k: r[k] for k in ("dp", "tp", "pp", "mbs", "gbs", "reason", "source")} for r in table.infeasible()
@@ -186,9 +211,6 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
         "wall_clock_s": time.time() - t0,
         "tradeoffs": tradeoffs(measured_throughputs(table)),
     }
-    result["mlflow_run_id"] = _log_to_mlflow(cfg, table, result)
-    _print_summary(table, result, echo)
-    return result
 
 
 def load_or_profile(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[ProfileTable, StepTimeModel]:
@@ -293,49 +315,54 @@ class _Context:
     def _memory(self, c: CandidateConfig) -> float:
         return memory_estimate(self.cfg, c, self.hardware).total
 
-    def _on_record(self, r: dict, remeasure: bool) -> None:
-        if r["kind"] == "profile_layout":
-            self.layout, self.in_flight = tuple(r["layout"]), None
-        elif r["kind"] == "profile_start":
-            self.in_flight = CandidateConfig.from_dict(r["config"])
-        elif r["kind"] == "profile_point":
-            c = CandidateConfig.from_dict(r["config"])
-            old = self.table.row(c)
-            values = {
-                "step_time_s": r["step_time_s"],
-                "step_times": r["step_times"],
-                "samples_per_s": r["samples_per_s"],
-                "warmup_times": r["warmup_times"],
-            }
-            if remeasure and old is not None and old["status"] == "ok":
-                first = {k: old.get(k, []) for k in values}
-                values = min(first, values, key=lambda v: v["step_time_s"])
-                values["step_times"] = old["step_times"] + r["step_times"]
-            self.table.record(
-                c,
-                status="ok",
-                source="measured",
-                peak_memory_bytes=r["peak_memory_bytes"],
-                model_memory_bytes=self._memory(c),
-                remeasured=remeasure,
-                **values,
-            )
-            self.table.save(self.table_dir)
-            self.in_flight = None
-            self.measured += 1
-            left = max(0.0, self.deadline - time.time())
-            self.echo(
-                f"  {c.label():<32} {r['step_time_s']:.3f} s/step  {r['samples_per_s']:8.1f} samples/s  "
-                f"({len(self.table.measured())} measured, {left:.0f} s of budget left)"
-            )
+    def _on_record(self, r: Record, remeasure: bool) -> None:
+        if isinstance(r, ProfileLayoutRecord):
+            self.layout, self.in_flight = tuple(r.layout), None
+        elif isinstance(r, ProfileStartRecord):
+            self.in_flight = r.candidate()
+        elif isinstance(r, ProfilePointRecord):
+            self._record_point(r, remeasure)
+
+    def _record_point(self, r: ProfilePointRecord, remeasure: bool) -> None:
+        """A measured point into the table (saved at once); measured again, the faster median wins."""
+        c = r.candidate()
+        old = self.table.row(c)
+        values = {
+            "step_time_s": r.step_time_s,
+            "step_times": r.step_times,
+            "samples_per_s": r.samples_per_s,
+            "warmup_times": r.warmup_times,
+        }
+        if remeasure and old is not None and old["status"] == "ok":
+            first = {k: old.get(k, []) for k in values}
+            values = min(first, values, key=lambda v: v["step_time_s"])
+            values["step_times"] = old["step_times"] + r.step_times
+        self.table.record(
+            c,
+            status="ok",
+            source="measured",
+            peak_memory_bytes=r.peak_memory_bytes,
+            model_memory_bytes=self._memory(c),
+            remeasured=remeasure,
+            **values,
+        )
+        self.table.save(self.table_dir)
+        self.in_flight = None
+        self.measured += 1
+        left = max(0.0, self.deadline - time.time())
+        self.echo(
+            f"  {c.label():<32} {r.step_time_s:.3f} s/step  {r.samples_per_s:8.1f} samples/s  "
+            f"({len(self.table.measured())} measured, {left:.0f} s of budget left)"
+        )
 
     def measure(self, points: list[CandidateConfig], remeasure: bool = False) -> None:
         done: set[CandidateConfig] = set()
 
-        def on_record(r: dict) -> None:
+        def on_record(raw: dict) -> None:
+            r = parse_record(raw)
             self._on_record(r, remeasure)
-            if r["kind"] == "profile_point":
-                done.add(CandidateConfig.from_dict(r["config"]))
+            if isinstance(r, ProfilePointRecord):
+                done.add(r.candidate())
 
         while True:
             pending = [

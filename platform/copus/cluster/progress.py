@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from copus.records import EvalRecord, Record, StepRecord
 from copus.train.plan import StopRule
 
 
@@ -11,33 +12,32 @@ def _clock(seconds: float) -> str:
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60:02d}:{rem % 60:02d}"
 
 
-def eta_to_budget(record: dict, stop: StopRule) -> float | None:
+def eta_to_budget(record: StepRecord, stop: StopRule) -> float | None:
     """Seconds until the first budget (steps, samples, wall-clock) runs out at the current rate."""
-    step_time, per_s = record["step_time_s"], record["samples_per_s"]
     left = []
     if stop.max_steps is not None:
-        left.append((stop.max_steps - record["step"]) * step_time)
+        left.append((stop.max_steps - record.step) * record.step_time_s)
     if stop.max_samples is not None:
-        left.append((stop.max_samples - record["samples"]) / per_s)
+        left.append((stop.max_samples - record.samples) / record.samples_per_s)
     if stop.max_wall_clock_s is not None:
-        left.append(stop.max_wall_clock_s - record["wall_clock_s"])
+        left.append(stop.max_wall_clock_s - record.wall_clock_s)
     return max(0.0, min(left)) if left else None
 
 
-def progress_line(record: dict, stop: StopRule, last_val: float | None) -> str | None:
-    kind = record.get("kind")
-    if kind == "step":
+def progress_line(record: Record, stop: StopRule, last_val: float | None) -> str | None:
+    """The live line of a step or a validation record; None for other kinds."""
+    if isinstance(record, StepRecord):
         eta = eta_to_budget(record, stop)
         val = f" | val {last_val:.4f}" if last_val is not None else ""
         return (
-            f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | loss {record['train_loss']:.4f}{val}"
-            f" | {record['samples_per_s']:.1f} samples/s | dp{record['dp']}-tp{record['tp']}-pp{record['pp']}"
-            f" gbs {record['gbs']} mbs {record['mbs']}"
+            f"[{_clock(record.wall_clock_s)}] step {record.step:>5} | loss {record.train_loss:.4f}{val}"
+            f" | {record.samples_per_s:.1f} samples/s | dp{record.dp}-tp{record.tp}-pp{record.pp}"
+            f" gbs {record.gbs} mbs {record.mbs}"
             f" | ETA to budget {_clock(eta) if eta is not None else 'n/a'}"
         )
-    if kind == "eval":
+    if isinstance(record, EvalRecord):
         target = f" (target {stop.target_val_loss})" if stop.target_val_loss is not None else ""
-        return f"[{_clock(record['wall_clock_s'])}] step {record['step']:>5} | validation loss {record['val_loss']:.4f}{target}"
+        return f"[{_clock(record.wall_clock_s)}] step {record.step:>5} | validation loss {record.val_loss:.4f}{target}"
     return None
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import ray.train
 
+from copus.records import CheckpointRefusedRecord
 from copus.train.checkpoint import newest_complete, resume_candidates
 from copus.train.faults import Faults
 from copus.train.gns import measure_gns
@@ -35,7 +36,7 @@ def train_worker(loop_config: dict) -> dict:
         )
         if rank == 0:
             for path, reason in refused:
-                monitor.push.remote({"kind": "checkpoint_refused", "path": str(path), "reason": reason})
+                monitor.push.remote(CheckpointRefusedRecord(path=str(path), reason=reason).as_dict())
         hooks = LoopHooks(
             persist_checkpoint=persist,
             resume_from=resume_dir,

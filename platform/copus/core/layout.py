@@ -42,12 +42,16 @@ class CandidateConfig:
         return self.dp * self.tp * self.pp
 
     def label(self) -> str:
-        extra = "".join(
-            f" {name}={value}"
-            for name, value in (("shard", self.dp_shard), ("recompute", self.recompute))
-            if value != "none"
-        )
-        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}{extra}"
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}{self.knobs_label()}"
+
+    def shape_label(self) -> str:
+        """The label without the GBS: what stays when only the batch size changes."""
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs}{self.knobs_label()}"
+
+    def knobs_label(self) -> str:
+        """The knobs that are not "none", as they end a label (" shard=full recompute=selective")."""
+        pairs = (("shard", self.dp_shard), ("recompute", self.recompute))
+        return "".join(f" {name}={value}" for name, value in pairs if value != "none")
 
     def as_dict(self) -> dict:
         return asdict(self)

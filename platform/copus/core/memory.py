@@ -8,14 +8,25 @@ The counts follow what this implementation allocates (`workloads/llama.py` under
 - parameters and gradients in fp32 (mixed precision autocasts activations, the master weights
   stay fp32); AdamW keeps two fp32 moments per parameter. Tensor parallelism shards the
   attention and MLP weights, the embedding and the LM head; RMSNorm weights are replicated.
-  A sharded optimiser (ZeRO-1 style) would divide the moments by dp as well.
-- activations saved for backward, per token of one micro-batch, for one transformer layer:
+- sharded data parallelism (`dp_shard`, FSDP2 units of one transformer block, the embedding and
+  the head): `optimizer` keeps AdamW state and gradients as 1/dp shards and all-gathers the
+  parameters once per step, keeping them whole through forward and backward (sharded copy plus
+  unsharded copy); `full` keeps parameters sharded too and holds at most two units whole at a time
+  (the one computing and the one prefetched). Gradients accumulate whole over the micro-batches
+  of a step (no communication until its last backward reduce-scatters them), so with m > 1 a
+  rank holds its stage's whole gradients besides their shard; with m = 1 one unit's at a time.
+- activations saved for backward (`recompute = none`), per token of one micro-batch, for one
+  transformer layer:
   6·dim for the two RMSNorms (input, normalised input, scaled output each; replicated under
   tp: no sequence parallelism), 4·dim + 4·ffn + n_heads for attention (q, k, v and output as
   flash attention keeps them, its log-sum-exp) and the SwiGLU MLP (sharded over tp), and 2 for
   the norms' reciprocal RMS. The last stage adds 3·dim for the final norm and the vocabulary
   logits and their log-softmax (the logits are gathered over tp); attention is
   flash-style, so there is no seq² term.
+- recomputation (`copus.parallel.recompute`): `full` keeps only each layer's input (dim per
+  token) and rebuilds one layer's activations at a time in backward (one layer of one
+  micro-batch more); `selective` keeps the outputs of matmuls and collectives and the layer's
+  input, and rebuilds the rest (norms, rotary, attention core, SwiGLU activation).
 - micro-batches in flight: 1F1B keeps min(m, pp − stage) micro-batches' activations on a
   stage (the first stage holds the most); GPipe keeps all m; plain accumulation (pp = 1) one.
 - buffers: the data-parallel all-reduce flattens the gradients into one bucket (one more
@@ -26,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from copus.core.layout import ModelShape, stage_layer_ranges
+from copus.core.layout import CandidateConfig, ModelShape, stage_layer_ranges
 
 GIB = 1024**3
 FP32 = 4
@@ -67,15 +78,50 @@ def stage_params_per_rank(shape: ModelShape, tp: int, pp: int, stage: int) -> fl
     return (shape.stage_params(pp, stage) - replicated) / tp + replicated
 
 
-def activation_bytes_per_token(shape: ModelShape, tp: int, pp: int, stage: int, act_bytes: int = FP32) -> float:
+def layer_activation_bytes(shape: ModelShape, tp: int, recompute: str = "none", act_bytes: int = FP32) -> float:
+    """Bytes one transformer layer saves for backward per token of one micro-batch on one rank."""
+    norms = (6 * shape.dim + 2) * FP32  # replicated under tp
+    if recompute == "full":
+        return shape.dim * act_bytes  # the layer's input only
+    if recompute == "selective":
+        # Matmul and collective outputs only: q, k, v, gate and up (sharded over tp); the attention
+        # output and down projections (whole dim, twice under tp: the partial sum and its all-reduce);
+        # and the block's input. Norms, rotary, attention core and SwiGLU are rebuilt.
+        sharded = shape.dim + 2 * shape.kv_dim + 2 * shape.ffn_dim
+        whole = shape.dim + 2 * shape.dim * (2 if tp > 1 else 1)
+        return (sharded / tp + whole) * act_bytes
+    return norms + (4 * shape.dim + 4 * shape.ffn_dim + shape.n_heads) * act_bytes / tp
+
+
+def activation_bytes_per_token(
+    shape: ModelShape, tp: int, pp: int, stage: int, act_bytes: int = FP32, recompute: str = "none"
+) -> float:
     """Bytes saved for backward per token of one micro-batch on one rank of `stage`."""
     layers = len(stage_layer_ranges(shape.n_layers, pp)[stage])
-    per_layer = (6 * shape.dim + 2) * FP32 + (4 * shape.dim + 4 * shape.ffn_dim + shape.n_heads) * act_bytes / tp
-    total = layers * per_layer
+    total = layers * layer_activation_bytes(shape, tp, recompute, act_bytes)
     if stage == pp - 1:
         # Final norm, the gathered logits' log-softmax (fp32 for the loss) and the local logits shard.
         total += 3 * shape.dim * FP32 + shape.vocab_size * FP32 + (shape.vocab_size / tp) * act_bytes * (tp > 1)
     return total
+
+
+def recompute_bytes_per_token(shape: ModelShape, tp: int, recompute: str, act_bytes: int = FP32) -> float:
+    """Activations rebuilt in backward, alive for one layer of one micro-batch at a time."""
+    if recompute == "none":
+        return 0.0
+    return layer_activation_bytes(shape, tp, "none", act_bytes) - (
+        0.0 if recompute == "full" else layer_activation_bytes(shape, tp, recompute, act_bytes)
+    )
+
+
+def largest_shard_unit(shape: ModelShape, tp: int, pp: int, stage: int) -> float:
+    """Parameters of the largest FSDP unit (a block, the embedding or the head) on one rank."""
+    units = [shape.layer_params() / tp] if stage_layer_ranges(shape.n_layers, pp)[stage] else []
+    if stage == 0:
+        units.append(shape.embed_params() / tp)
+    if stage == pp - 1:
+        units.append(shape.head_params() / tp)
+    return max(units)
 
 
 def microbatches_in_flight(pp: int, stage: int, m: int, schedule: str) -> int:
@@ -84,6 +130,20 @@ def microbatches_in_flight(pp: int, stage: int, m: int, schedule: str) -> int:
     if schedule == "gpipe":
         return m
     return min(m, pp - stage)
+
+
+def model_state_bytes(n: float, unit: float, dp: int, dp_shard: str, m: int = 1) -> tuple[float, float, float, float]:
+    """(params, grads, optimizer, buffers) bytes of a rank holding n parameters (largest FSDP
+    unit `unit`) in a dp group of size dp, under `dp_shard`, with m micro-batches per step."""
+    if dp == 1 or dp_shard == "none":
+        bucket = n * FP32 if dp > 1 else 0.0  # the flattened gradient buckets of the all-reduce
+        return n * FP32, n * FP32, n * ADAM_STATE_BYTES, bucket
+    shard = n / dp
+    whole = n if dp_shard == "optimizer" else 2 * unit  # gathered for the step / two units in flight
+    # Micro-batches accumulate whole gradients without communication until the step's last
+    # backward reduce-scatters them; with one micro-batch a unit's gradient lives until its own.
+    accumulating = n if m > 1 else unit
+    return (shard + whole) * FP32, (shard + accumulating) * FP32, shard * ADAM_STATE_BYTES, 0.0
 
 
 def bytes_per_rank(
@@ -96,32 +156,33 @@ def bytes_per_rank(
     seq_len: int,
     schedule: str = "1f1b",
     act_bytes: int = FP32,
-    shard_optimizer: bool = False,
     overhead_bytes: float = 0.0,
+    dp_shard: str = "none",
+    recompute: str = "none",
 ) -> MemoryBreakdown:
     """Memory of the most loaded rank of the layout (the maximum over pipeline stages)."""
     worst: MemoryBreakdown | None = None
+    tokens = mbs * seq_len
     for stage in range(pp):
         n = stage_params_per_rank(shape, tp, pp, stage)
-        acts = (
-            microbatches_in_flight(pp, stage, m, schedule)
-            * mbs
-            * seq_len
-            * activation_bytes_per_token(shape, tp, pp, stage, act_bytes)
-        )
-        bucket = n * FP32 if dp > 1 else 0.0
-        b = MemoryBreakdown(
-            stage,
-            n * FP32,
-            n * FP32,
-            n * ADAM_STATE_BYTES / (dp if shard_optimizer else 1),
-            acts,
-            bucket + overhead_bytes,
-        )
+        unit = largest_shard_unit(shape, tp, pp, stage)
+        params, grads, optimizer, buffers = model_state_bytes(n, unit, dp, dp_shard, m)
+        acts = microbatches_in_flight(pp, stage, m, schedule) * tokens * activation_bytes_per_token(
+            shape, tp, pp, stage, act_bytes, recompute
+        ) + tokens * recompute_bytes_per_token(shape, tp, recompute, act_bytes)
+        b = MemoryBreakdown(stage, params, grads, optimizer, acts, buffers + overhead_bytes)
         if worst is None or b.total > worst.total:
             worst = b
     assert worst is not None
     return worst
+
+
+def config_bytes(shape: ModelShape, cfg: CandidateConfig, seq_len: int, **options) -> MemoryBreakdown:
+    """`bytes_per_rank` of a candidate configuration (its layout, batch shape, sharding and
+    recomputation): what the profiler and the simulator ask. `options`: bytes_per_rank's
+    schedule, act_bytes and overhead_bytes."""
+    layout = (cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.microbatches)
+    return bytes_per_rank(shape, *layout, seq_len, dp_shard=cfg.dp_shard, recompute=cfg.recompute, **options)
 
 
 def fits(breakdown: MemoryBreakdown, device_bytes: float, margin: float) -> tuple[bool, str]:

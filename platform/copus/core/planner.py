@@ -29,14 +29,20 @@ from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
 from copus.core.layout import CandidateConfig
 
 
+def _build(c: CandidateConfig) -> tuple:
+    """What a replica is built with: the layout, its sharding and its recomputation."""
+    return (c.dp, c.tp, c.pp, c.dp_shard, c.recompute)
+
+
 def same_shape(a: CandidateConfig, b: CandidateConfig) -> bool:
-    """Same layout and MBS: only the GBS differs, a change made in place."""
-    return (a.dp, a.tp, a.pp, a.mbs) == (b.dp, b.tp, b.pp, b.mbs)
+    """Same replica and MBS: only the GBS differs, a change made in place."""
+    return _build(a) == _build(b) and a.mbs == b.mbs
 
 
 def change_kind(a: CandidateConfig, b: CandidateConfig) -> str:
-    """What a move from a to b changes, the most expensive part: "layout", "mbs", "gbs" or "none"."""
-    if (a.dp, a.tp, a.pp) != (b.dp, b.tp, b.pp):
+    """What a move from a to b changes, the most expensive part: "layout" (another replica: layout,
+    sharding or recomputation), "mbs", "gbs" or "none"."""
+    if _build(a) != _build(b):
         return "layout"
     if a.mbs != b.mbs:
         return "mbs"

@@ -1,4 +1,5 @@
-"""The search space of an experiment: which (dp, tp, pp, mbs, gbs) configurations exist.
+"""The search space of an experiment: which (dp, tp, pp, mbs, gbs, dp_shard, recompute)
+configurations exist.
 
 Pure: shared by the profiler (which points to measure), the planner (which candidates to
 score) and the simulator.
@@ -6,7 +7,9 @@ score) and the simulator.
 
 from __future__ import annotations
 
-from copus.core.layout import CandidateConfig, ModelShape, layout_problems
+from collections.abc import Sequence
+
+from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, ModelShape, layout_problems
 
 
 def gbs_grid(lo: int, hi: int) -> list[int]:
@@ -35,15 +38,24 @@ def valid_layouts(world: int, shape: ModelShape) -> list[tuple[int, int, int]]:
 
 
 def candidates(
-    layouts: list[tuple[int, int, int]], mbs_values: list[int], gbs_values: list[int], shape: ModelShape
+    layouts: list[tuple[int, int, int]],
+    mbs_values: list[int],
+    gbs_values: list[int],
+    shape: ModelShape,
+    dp_shard: Sequence[str] = ("none",),
+    recompute: Sequence[str] = ("none",),
 ) -> list[CandidateConfig]:
-    """Every configuration of the layouts × MBS × GBS grid that divides evenly with m ≥ pp."""
+    """Every configuration of the layouts × MBS × GBS × sharding × recomputation grid that divides
+    evenly with m ≥ pp. Sharding over a single replica is no sharding: a layout with dp = 1 gets
+    `none` only (when the grid has it), so no configuration appears twice."""
     out = []
     for dp, tp, pp in layouts:
+        shards = [s for s in dp_shard if dp > 1 or s == "none"] or (["none"] if dp == 1 else [])
         for mbs in mbs_values:
             for gbs in gbs_values:
-                if not layout_problems(dp, tp, pp, shape, None, gbs, mbs):
-                    out.append(CandidateConfig(dp, tp, pp, mbs, gbs))
+                if layout_problems(dp, tp, pp, shape, None, gbs, mbs):
+                    continue
+                out += [CandidateConfig(dp, tp, pp, mbs, gbs, s, r) for s in shards for r in recompute]
     return out
 
 
@@ -71,7 +83,7 @@ def profile_points(
     per round."""
     by_shape: dict[tuple, list[CandidateConfig]] = {}
     for c in cands:
-        by_shape.setdefault((c.dp, c.tp, c.pp, c.mbs), []).append(c)
+        by_shape.setdefault((c.dp, c.tp, c.pp, c.mbs, c.dp_shard, c.recompute), []).append(c)
     picked = {
         key: spread(_measurable(sorted(v, key=lambda c: c.gbs), max_microbatches), per_shape)
         for key, v in by_shape.items()
@@ -84,7 +96,7 @@ def profile_points(
             while len(rounds) <= r:
                 rounds.append([])
             rounds[r].append(c)
-    return [c for rnd in rounds for c in sorted(rnd, key=lambda c: (c.dp, c.tp, c.pp, c.mbs))]
+    return [c for rnd in rounds for c in sorted(rnd, key=_shape_key)]
 
 
 def _measurable(shape_points: list[CandidateConfig], max_microbatches: int | None) -> list[CandidateConfig]:
@@ -92,3 +104,9 @@ def _measurable(shape_points: list[CandidateConfig], max_microbatches: int | Non
     if max_microbatches is None:
         return shape_points
     return [c for c in shape_points if c.microbatches <= max_microbatches] or shape_points[:1]
+
+
+def _shape_key(c: CandidateConfig) -> tuple:
+    """Measuring order within a round: by model build (layout, sharding, recomputation: a worker
+    group builds each once per round), then MBS."""
+    return (c.dp, c.tp, c.pp, DP_SHARD_MODES.index(c.dp_shard), RECOMPUTE_MODES.index(c.recompute), c.mbs)

@@ -8,8 +8,8 @@ Three models stand in for what a real run measures:
   peak bf16 FLOP/s and an MFU curve in the tokens per rank, tensor-parallel all-reduces and
   stage-to-stage sends over NVLink/Infinity Fabric or the network (whichever the group spans),
   the data-parallel ring all-reduce, the optimiser step over HBM. Memory feasibility from
-  `copus.core.memory` (bf16 activations, AdamW state sharded over dp as with Megatron's
-  distributed optimiser).
+  `copus.core.memory` (bf16 activations; the candidate's own data-parallel sharding and
+  recomputation, which the search space varies like the layout).
 - **Training truth**, kept apart from what the planner believes (its form and critical
   factor are never used here). Loss as a function of effective tokens, Hoffmann et al. 2022
   (Chinchilla): L(N, D) = E + A / N^α + B / D^β; the true critical batch as a function of the
@@ -41,7 +41,7 @@ from copus.core import planner as planner_module
 from copus.core import policies
 from copus.core.datasheets import NodeSpec
 from copus.core.layout import CandidateConfig, ModelShape
-from copus.core.memory import bytes_per_rank, fits
+from copus.core.memory import config_bytes, fits
 from copus.core.planner import SwitchCosts
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
@@ -243,18 +243,7 @@ def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateC
 
 def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig, margin: float = 0.1) -> bool:
     node = cluster.node
-    need = bytes_per_rank(
-        shape,
-        cfg.dp,
-        cfg.tp,
-        cfg.pp,
-        cfg.mbs,
-        cfg.microbatches,
-        seq_len,
-        act_bytes=BF16,
-        shard_optimizer=True,
-        overhead_bytes=node.runtime_overhead_bytes,
-    )
+    need = config_bytes(shape, cfg, seq_len, act_bytes=BF16, overhead_bytes=node.runtime_overhead_bytes)
     return fits(need, node.accelerator.memory_bytes, margin)[0]
 
 
@@ -310,6 +299,8 @@ class Setting:
     estimate: NoiseEstimate = NoiseEstimate()  # what the planner is told of the truth
     max_hours: float = 24.0 * 60
     layouts: tuple[tuple[int, int, int], ...] | None = None
+    dp_shard: tuple[str, ...] = ("none", "optimizer", "full")  # what the planner may choose besides the layout
+    recompute: tuple[str, ...] = ("none", "selective", "full")
 
 
 def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[CandidateConfig], np.ndarray]:
@@ -318,7 +309,9 @@ def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Candidate
     layouts = list(s.layouts) if s.layouts else valid_layouts(s.cluster.world, s.shape)
     cands = [
         c
-        for c in candidates(layouts, list(s.mbs), gbs_grid(gbs_min or s.gbs_min, s.gbs_max), s.shape)
+        for c in candidates(
+            layouts, list(s.mbs), gbs_grid(gbs_min or s.gbs_min, s.gbs_max), s.shape, s.dp_shard, s.recompute
+        )
         if memory_fits(s.cluster, s.shape, s.seq_len, c)
     ]
     if not cands:
@@ -358,6 +351,19 @@ class SimResult:
         }
 
 
+def _timeline_point(t: float, model: TrainingModel, b_noise: float, current: CandidateConfig) -> dict:
+    """Where the simulated run stands at a decision: loss, true critical batch, the noise scale the
+    policy saw, and the configuration it trains in."""
+    return {
+        "t": t,
+        "loss": model.loss,
+        "b_crit": model.b_crit,
+        "b_noise": b_noise,
+        "gbs": current.gbs,
+        "layout": current.label(),
+    }
+
+
 def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.ndarray] | None = None) -> SimResult:
     """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
     The truth (`TrainingModel`) advances every step; at every decision the policy sees the
@@ -372,16 +378,7 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
     costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
     t, steps, samples, next_decision, limit = 0.0, 0, 0, s.interval_s, s.max_hours * 3600
     changes: list[dict] = []
-    timeline = [
-        {
-            "t": 0.0,
-            "loss": model.loss,
-            "b_crit": model.b_crit,
-            "b_noise": float("nan"),
-            "gbs": current.gbs,
-            "layout": current.label(),
-        }
-    ]
+    timeline = [_timeline_point(0.0, model, float("nan"), current)]
     while model.loss > s.target_loss and t < limit:
         t += step_times[current]
         model.step(current.gbs)
@@ -391,30 +388,13 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
             continue
         next_decision = t + s.interval_s
         b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
-        timeline.append(
-            {
-                "t": t,
-                "loss": model.loss,
-                "b_crit": model.b_crit,
-                "b_noise": b_noise,
-                "gbs": current.gbs,
-                "layout": current.label(),
-            }
-        )
+        timeline.append(_timeline_point(t, model, b_noise, current))
         d = policies.decide(policy, plan, current, b_noise, s.critical_factor, s.interval_s, costs)
         if d is not None and d.switch:
             downtime = costs.of(current, d.target)
             changes.append(
-                {
-                    "t": t,
-                    "from": current.as_dict(),
-                    "to": d.target.as_dict(),
-                    "change": d.kind,
-                    "downtime_s": downtime,
-                    "b_noise": b_noise,
-                    "b_crit": model.b_crit,
-                    "predicted_gain": d.predicted_gain,
-                }
+                {"t": t, "from": current.as_dict(), "to": d.target.as_dict(), "change": d.kind, "downtime_s": downtime}
+                | {"b_noise": b_noise, "b_crit": model.b_crit, "predicted_gain": d.predicted_gain}
             )
             t += downtime
             current = d.target

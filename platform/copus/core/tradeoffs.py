@@ -18,10 +18,6 @@ import math
 from copus.core.layout import CandidateConfig
 
 
-def shape_label(c: CandidateConfig) -> str:
-    return f"dp{c.dp}-tp{c.tp}-pp{c.pp} mbs{c.mbs}"
-
-
 def fastest_by_gbs(throughputs: dict[CandidateConfig, float]) -> list[dict]:
     """Per GBS (ascending), the configuration of most samples/s and its throughput."""
     best: dict[int, tuple[CandidateConfig, float]] = {}
@@ -29,7 +25,7 @@ def fastest_by_gbs(throughputs: dict[CandidateConfig, float]) -> list[dict]:
         if math.isfinite(value) and (c.gbs not in best or value > best[c.gbs][1]):
             best[c.gbs] = (c, value)
     return [
-        {"gbs": gbs, "shape": shape_label(c), "config": c.label(), "samples_per_s": value}
+        {"gbs": gbs, "shape": c.shape_label(), "config": c.label(), "samples_per_s": value}
         for gbs, (c, value) in sorted(best.items())
     ]
 

@@ -13,6 +13,15 @@ Small batch:
   same inside a pipeline schedule, whose backward passes run one micro-batch at a time.
 Large batch: the data-parallel averaged gradient of the whole step (B_big = GBS).
 
+Under sharded data parallelism (FSDP2) a replica's gradient never exists as the parameters'
+`.grad`: FSDP accumulates it on the whole (unsharded) parameters it computes with and
+reduce-scatters it at the end of the step's backward. The probe then reads it there: a
+post-accumulate-grad hook on each whole parameter keeps the squared norm of its latest
+accumulation, the replica's gradient once the last micro-batch is in (before FSDP takes it).
+Only the dp > 1 small batch is needed (sharding with dp = 1 is plain training). Adam
+preconditioning needs each parameter's whole AdamW state, which sharding splits over dp: the
+probe refuses that combination.
+
 Every squared norm sums tensor-parallel shards over tp (replicated parameters counted on one
 tp rank only) and stages over pp, so it is the norm of the whole model's gradient.
 Optionally each gradient is divided by Adam's sqrt(v_hat) + eps first (AdaptDL), using the
@@ -67,10 +76,18 @@ class GradNormProbe:
         dp: int,
         precondition: Preconditioner | None = None,
         use_hooks: bool = True,
+        replica_params: list[torch.nn.Parameter] | None = None,
     ):
         """use_hooks: find micro-batch boundaries with gradient hooks (needed inside a pipeline
         schedule); without, the caller calls after_microbatch() itself, which does the same
-        work with a few multi-tensor (foreach) ops instead of several ops per parameter."""
+        work with a few multi-tensor (foreach) ops instead of several ops per parameter.
+        replica_params: under sharded data parallelism, the whole parameters FSDP computes with
+        (their gradients are the replica's own); `norm_groups` are then the replica's (tp, pp)."""
+        if replica_params is not None and precondition is not None:
+            raise ValueError(
+                "gns.precondition: 'adam' needs each parameter's whole AdamW state, which "
+                "parallel.dp_shard shards over dp; use gns.precondition 'none' or parallel.dp_shard 'none'"
+            )
         self.params, self.tp_rank, self.norm_groups = params, tp_rank, norm_groups
         self.dp_group, self.dp = dp_group, dp
         self.precondition = precondition
@@ -83,7 +100,11 @@ class GradNormProbe:
         self._sum_sq: torch.Tensor | None = None
         self._handles = []
         self._prev_buffers: list[torch.Tensor] | None = None
-        if dp == 1 and use_hooks:  # micro-batch boundaries inside a pipeline schedule: hooks
+        self._replica_sq: dict[int, torch.Tensor] | None = None
+        if replica_params is not None and dp > 1:
+            self._replica_sq = {}
+            self._handles = [p.register_post_accumulate_grad_hook(self._on_replica_grad) for p in replica_params]
+        elif dp == 1 and use_hooks:  # micro-batch boundaries inside a pipeline schedule: hooks
             self._handles = [p.register_post_accumulate_grad_hook(self._on_accumulate) for p in params]
 
     def close(self) -> None:
@@ -93,9 +114,18 @@ class GradNormProbe:
     # --- micro-batch path (dp = 1) ---
     def arm(self, microbatches: int, grad_scale: float) -> None:
         """Before a step of `microbatches` micro-batches whose gradients accumulate multiplied
-        by 1 / grad_scale (m when each micro-batch loss is divided by m, 1 for the pipeline)."""
+        by 1 / grad_scale (m: the engine divides each micro-batch's loss by m, in a pipeline too)."""
         self._armed, self._scale, self._microbatches = True, grad_scale, microbatches
         self._prev, self._count, self._sum_sq, self._seen_microbatches = {}, {}, None, 0
+        if self._replica_sq is not None:
+            self._replica_sq = {}
+
+    def _on_replica_grad(self, p: torch.nn.Parameter) -> None:
+        """Sharded dp: the latest accumulation of a whole parameter's gradient (see the module
+        docstring); the step's last one is the replica's gradient."""
+        if self._armed:
+            g = local_grad(p).detach()
+            self._replica_sq[id(p)] = sq_norm_local([(g, is_tp_sharded(p.grad))], self.tp_rank).to(g.device)
 
     def _on_accumulate(self, p: torch.nn.Parameter) -> None:
         if not self._armed:
@@ -145,7 +175,11 @@ class GradNormProbe:
     def small_batch(self, gbs: int, mbs: int) -> tuple[float, int] | None:
         """Call after the micro-batches, before the data-parallel average."""
         if self.dp > 1:
-            sq = grad_sq_norm(self.params, self.tp_rank, self.norm_groups, self.precondition)
+            if self._replica_sq is not None:
+                self._armed = False
+                sq = sum_over(torch.stack(list(self._replica_sq.values())).sum(), self.norm_groups)
+            else:
+                sq = grad_sq_norm(self.params, self.tp_rank, self.norm_groups, self.precondition)
             dist.all_reduce(sq, group=self.dp_group)
             return float(sq) / self.dp, gbs // self.dp
         sq = self._disarm()

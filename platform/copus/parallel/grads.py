@@ -1,7 +1,7 @@
 """Gradient collectives under 3D parallelism: data-parallel averaging, and squared norms that
 count every parameter exactly once (tensor-parallel shards summed over tp, replicated
-parameters taken from one tp rank, stages summed over pp). The GNS probe builds on the same
-norm."""
+parameters taken from one tp rank, stages summed over pp, and, under sharded data parallelism,
+dp shards summed over dp). The GNS probe builds on the same norm."""
 
 from __future__ import annotations
 
@@ -22,17 +22,31 @@ def local_grad(p: torch.nn.Parameter) -> torch.Tensor | None:
 
 
 def is_tp_sharded(t: torch.Tensor) -> bool:
-    return isinstance(t, DTensor) and any(pl.is_shard() for pl in t.placements)
+    """Whether each tp rank holds its own part of `t` (count it on every tp rank) rather than a
+    copy (count it on tp rank 0 only). Under sharded data parallelism a DTensor lives on a (dp, tp)
+    or a dp-only mesh: only its placement on the tp dimension, when it has one, says."""
+    if not isinstance(t, DTensor):
+        return False
+    names = t.device_mesh.mesh_dim_names
+    if names and "tp" in names:
+        return t.placements[names.index("tp")].is_shard()
+    if names and "dp" in names:
+        return False  # sharded over dp only: a copy on every tp rank
+    return any(pl.is_shard() for pl in t.placements)
+
+
+def align_grad_placement(p: torch.nn.Parameter) -> None:
+    """Give a DTensor gradient its parameter's placement. A vocabulary-sharded embedding receives
+    a replicated gradient from autograd; sharding it (a local slice, no communication) keeps each
+    rank's gradient, norm share and optimiser update to its shard."""
+    g = p.grad
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        p.grad = g.redistribute(device_mesh=p.device_mesh, placements=p.placements)
 
 
 def align_grad_placements(params: Iterable[torch.nn.Parameter]) -> None:
-    """Give every DTensor gradient its parameter's placement. A vocabulary-sharded embedding
-    receives a replicated gradient from autograd; sharding it (a local slice, no
-    communication) keeps each rank's gradient, norm share and optimiser update to its shard."""
     for p in params:
-        g = p.grad
-        if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
-            p.grad = g.redistribute(device_mesh=p.device_mesh, placements=p.placements)
+        align_grad_placement(p)
 
 
 def all_reduce_mean(tensors: list[torch.Tensor], group: ProcessGroup | None, size: int) -> None:

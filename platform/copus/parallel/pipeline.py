@@ -9,6 +9,7 @@ change.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch
@@ -34,6 +35,10 @@ def keep_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
         model.norm = None
         model.output = None
     return model
+
+
+def _scaled(loss_fn: Callable, divisor: int, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return loss_fn(output, target) / divisor
 
 
 class PipelineRunner:
@@ -66,9 +71,16 @@ class PipelineRunner:
         key = (microbatch_size, microbatches, training)
         if key != self._key:
             pipe_stage = PipelineStage(self.module, self.stage, self.num_stages, self.device, group=self.group)
-            # Gradients are averaged over micro-batches (scale_grads): the mean loss of the batch.
+            # Gradients of the batch's mean loss: each micro-batch's loss is divided by m before its
+            # backward, as outside a pipeline, rather than the gradients after the last one
+            # (scale_grads). So a gradient is final when its last backward ends, which the
+            # data-parallel reducer (it starts all-reducing then) and the GNS probe rely on.
+            scale = microbatches if training else 1
             self._schedule = SCHEDULES[self.schedule_name](
-                pipe_stage, n_microbatches=microbatches, loss_fn=self.loss_fn, scale_grads=True
+                pipe_stage,
+                n_microbatches=microbatches,
+                loss_fn=partial(_scaled, self.loss_fn, scale),
+                scale_grads=False,
             )
             self._key = key
         return self._schedule
@@ -90,7 +102,8 @@ class PipelineRunner:
             schedule.step(*args, return_outputs=False, **kwargs)
         else:
             schedule.eval(*args, **kwargs)
-        return torch.stack([l.detach() for l in losses]) if self.is_last else None
+        scale = microbatches if training else 1
+        return torch.stack([l.detach() * scale for l in losses]) if self.is_last else None
 
     def train_step(self, inputs, targets, microbatch_size: int, microbatches: int) -> torch.Tensor | None:
         return self._run(inputs, targets, microbatch_size, microbatches, training=True)

@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, model_validator
 from copus.config import ConfigError, FieldProblem, Section, apply_overrides, format_pydantic_error, read_yaml
 from copus.core.datasheets import NODES
 from copus.core.efficiency import EfficiencyForm
-from copus.core.layout import CandidateConfig, layout_problems
+from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.simulator import (
     CalibratedCriticalBatch,
@@ -47,6 +47,8 @@ class SimParallel(Section):
     dp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
+    dp_shard: DpShard = "none"
+    recompute: Recompute = "none"
 
 
 class SimSearch(Section):
@@ -54,6 +56,8 @@ class SimSearch(Section):
     gbs_max: int = Field(2048, ge=1)
     mbs: list[int] = [1, 2, 4]
     layouts: list[tuple[int, int, int]] | None = None  # default: every valid layout of the cluster
+    dp_shard: list[DpShard] = list(DP_SHARD_MODES)  # sharded data parallelism the planner may choose
+    recompute: list[Recompute] = list(RECOMPUTE_MODES)  # activation recomputation it may choose
 
 
 class SimPolicy(Section):
@@ -227,7 +231,7 @@ def setting_from(cfg: SimConfig) -> Setting:
         cluster=cluster,
         shape=FLAVOURS[cfg.model].shape(),
         seq_len=cfg.seq_len,
-        start=CandidateConfig(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs),
+        start=CandidateConfig(p.dp, p.tp, p.pp, cfg.batch.mbs, cfg.batch.gbs, p.dp_shard, p.recompute),
         gbs_min=cfg.search.gbs_min,
         gbs_max=cfg.search.gbs_max,
         mbs=tuple(cfg.search.mbs),
@@ -243,4 +247,6 @@ def setting_from(cfg: SimConfig) -> Setting:
         estimate=NoiseEstimate(**cfg.estimate.model_dump()),
         max_hours=t.max_hours,
         layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
+        dp_shard=tuple(cfg.search.dp_shard),
+        recompute=tuple(cfg.search.recompute),
     )

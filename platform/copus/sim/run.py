@@ -82,12 +82,12 @@ def simulation_text(result: dict) -> str:
         f"{result['reconfiguration_costs_s']['restart']:.0f} s (runs use {result['reconfiguration_costs_s']['mode']})",
         _truth_line(result),
         "",
-        f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<26} {'final':<26}",
+        f"{'policy':<16} {'time to target':>14} {'reconf.':>7}  {'start':<46} {'final'}",
     ]
     for policy, r in result["policies"].items():
         lines.append(
             f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
-            f"{CandidateConfig.from_dict(r['start']).label():<26} {CandidateConfig.from_dict(r['final']).label():<26}"
+            f"{CandidateConfig.from_dict(r['start']).label():<46} {CandidateConfig.from_dict(r['final']).label()}"
         )
     paper = result["paper"].get("copus_speedup_vs_fastest_baseline")
     lines += [
@@ -99,9 +99,8 @@ def simulation_text(result: dict) -> str:
     ]
     previous = None
     for row in result["best_layout_by_gbs"]:
-        c = CandidateConfig.from_dict(row["config"])
-        layout = f"dp{c.dp}-tp{c.tp}-pp{c.pp} mbs{c.mbs}"
+        layout = CandidateConfig.from_dict(row["config"]).shape_label()
         mark = "" if previous in (None, layout) else "   <- the best layout changes"
-        lines.append(f"  gbs {row['gbs']:>5}: {layout:<22} {row['samples_per_s']:8.1f} samples/s{mark}")
+        lines.append(f"  gbs {row['gbs']:>5}: {layout:<40} {row['samples_per_s']:8.1f} samples/s{mark}")
         previous = layout
     return "\n".join(lines)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from copus.train.checkpoint import load_checkpoint
 from copus.train.data import replica_batch
-from copus.train.loop import attach_gns, build_replica
 from copus.train.plan import WorkerPlan
+from copus.train.replica import attach_gns, build_replica
 
 
 def measure_gns(plan: WorkerPlan, steps: int, resume_from: Path | None = None) -> dict:

@@ -110,7 +110,7 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         train_tokens=train_tokens,
         val_tokens=val_tokens,
         token_dtype=token_dtype,
-        config=CandidateConfig(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.batch.mbs, cfg.batch.gbs),
+        config=cfg.start_config(),
         pp_schedule=cfg.parallel.pp_schedule,
         lr=LRSchedule(o.lr, o.reference_gbs, o.lr_scaling, s.warmup_samples, s.decay, s.decay_samples, s.min_lr_ratio),
         optimizer=OptimizerPlan(tuple(o.betas), o.eps, o.weight_decay, o.grad_clip),

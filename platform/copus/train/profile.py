@@ -26,10 +26,11 @@ import torch.distributed as dist
 
 from copus.core.layout import CandidateConfig
 from copus.parallel.agree import agree
+from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord
 from copus.train.data import replica_batch
 from copus.train.host import release_memory
-from copus.train.loop import attach_gns, build_replica, train_step, world_rank_size
 from copus.train.plan import WorkerPlan
+from copus.train.replica import attach_gns, build_replica, train_step, world_rank_size
 
 
 class InjectedFault(RuntimeError):
@@ -69,77 +70,97 @@ class _StepClock:
         return time.perf_counter() - t
 
 
-def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple[int, int, int], list[CandidateConfig]]]:
-    """Consecutive points of the same layout share one model build."""
-    groups: list[tuple[tuple[int, int, int], list[CandidateConfig]]] = []
+def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple, list[CandidateConfig]]]:
+    """Consecutive points of the same layout, sharding and recomputation share one model build
+    (the batch shape changes between steps of a replica; the rest needs another replica)."""
+    groups: list[tuple[tuple, list[CandidateConfig]]] = []
     for c in points:
-        layout = (c.dp, c.tp, c.pp)
-        if groups and groups[-1][0] == layout:
+        build = (c.dp, c.tp, c.pp, c.dp_shard, c.recompute)
+        if groups and groups[-1][0] == build:
             groups[-1][1].append(c)
         else:
-            groups.append((layout, [c]))
+            groups.append((build, [c]))
     return groups
 
 
 def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
     """Measure the job's points in order until done or past the deadline. Rank 0 emits a
-    `profile_start` record before each point and a `profile_point` record after it."""
+    `profile_layout` record before building each layout, a `profile_start` record before each
+    point and a `profile_point` record after it."""
     rank, _ = world_rank_size()
     done = 0
-    for (dp, tp, pp), group in _layout_groups(job.points):
+    for _, group in _layout_groups(job.points):
         first = group[0]
-        plan = job.plan.replaced(dp=dp, tp=tp, pp=pp, gbs=first.gbs, mbs=first.mbs)
+        plan = job.plan.replaced(**first.as_dict())
         if rank == 0:
-            emit({"kind": "profile_layout", "layout": [dp, tp, pp]})
+            emit(ProfileLayoutRecord(layout=[first.dp, first.tp, first.pp]).as_dict())
         model, optimizer, stream = build_replica(plan, fresh=False)  # timing only: no need to read init_from
         attach_gns(model, optimizer, plan)  # training probes gradient norms every step: so does profiling
-        clock = _StepClock(model.device)
-        cuda = model.device.type == "cuda"
         try:
             for cfg in group:
                 stop = time.time() >= job.deadline
                 if agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
                     return {"measured": done, "stopped": "budget"}
                 if rank == 0:
-                    emit({"kind": "profile_start", "config": cfg.as_dict()})
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats(model.device)
-                times, warmup = [], []
-                settle_until = time.time() + (job.settle_s if done == 0 else 0.0)
-                i = 0
-                while len(times) < job.steps:
-                    if rank == 0 and job.fail_at == cfg.label() and i == job.warmup_steps:
-                        raise InjectedFault(f"injected failure at {cfg.label()}")
-                    batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, dp, cfg.mbs)
-                    inputs, targets = stream.windows.batch(batch.sample_indices)
-                    lr = plan.lr.lr(0, cfg.gbs)
-                    if dist.is_initialized():
-                        dist.barrier()
-                    elapsed = clock.time(
-                        partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip)
-                    )
-                    elapsed = agree(elapsed, model.device)
-                    warming = i < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0
-                    (warmup if warming else times).append(elapsed)
-                    i += 1
-                peak = agree(float(torch.cuda.max_memory_allocated(model.device)), model.device) if cuda else None
-                step = statistics.median(times)
+                    emit(ProfileStartRecord(config=cfg.as_dict()).as_dict())
+                point = _measure_point(job, plan, cfg, (model, optimizer, stream), first_of_group=done == 0)
                 done += 1
                 if rank == 0:
-                    emit(
-                        {
-                            "kind": "profile_point",
-                            "config": cfg.as_dict(),
-                            "step_time_s": step,
-                            "step_times": times,
-                            "warmup_times": warmup,
-                            "samples_per_s": cfg.gbs / step,
-                            "peak_memory_bytes": peak,
-                        }
-                    )
+                    emit(point.as_dict())
         finally:
             # Free this layout's model, optimiser state and process groups before the next.
             model.close()
             device, model, optimizer, stream = model.device, None, None, None
             release_memory(device)
     return {"measured": done, "stopped": "done"}
+
+
+def _measure_point(
+    job: ProfileJob, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple, first_of_group: bool
+) -> ProfilePointRecord:
+    """Time `cfg`'s steps on the layout's replica (model, optimizer, stream); collective. The
+    figure is the median of the timed steps; the peak memory is the largest rank's (GPUs only)."""
+    model = replica[0]
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(model.device)
+    settle_until = time.time() + (job.settle_s if first_of_group else 0.0)
+    times, warmup = _time_steps(job, plan, cfg, replica, settle_until)
+    peak = agree(float(torch.cuda.max_memory_allocated(model.device)), model.device) if cuda else None
+    step = statistics.median(times)
+    return ProfilePointRecord(
+        config=cfg.as_dict(),
+        step_time_s=step,
+        step_times=times,
+        warmup_times=warmup,
+        samples_per_s=cfg.gbs / step,
+        peak_memory_bytes=peak,
+    )
+
+
+def _time_steps(
+    job: ProfileJob, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple, settle_until: float
+) -> tuple[list[float], list[float]]:
+    """(timed steps, warm-up steps): each step's time is the slowest rank's. A step is warm-up
+    while within job.warmup_steps or, on every rank's word, before `settle_until`."""
+    model, optimizer, stream = replica
+    rank, _ = world_rank_size()
+    clock = _StepClock(model.device)
+    times, warmup = [], []
+    i = 0
+    while len(times) < job.steps:
+        if rank == 0 and job.fail_at == cfg.label() and i == job.warmup_steps:
+            raise InjectedFault(f"injected failure at {cfg.label()}")
+        batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
+        inputs, targets = stream.windows.batch(batch.sample_indices)
+        lr = plan.lr.lr(0, cfg.gbs)
+        if dist.is_initialized():
+            dist.barrier()
+        elapsed = clock.time(
+            partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip)
+        )
+        elapsed = agree(elapsed, model.device)
+        warming = i < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0
+        (warmup if warming else times).append(elapsed)
+        i += 1
+    return times, warmup

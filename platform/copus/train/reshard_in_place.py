@@ -3,13 +3,16 @@ their processes.
 
 At a step boundary every rank (having agreed on the target through rank 0's broadcast) builds
 the new layout next to the old one: a new DeviceMesh and its process groups, this rank's new
-pipeline stage and tensor-parallel shards allocated but not initialised, a fresh optimiser.
-Model and AdamW state then move from the old layout to the new one (`copus.parallel.redistribute`:
-only the slices each rank's new shard needs, point to point) and are applied with the same
-`set_state_dict` a checkpoint load uses, which is what makes the continuation numerically the
-one a restart from checkpoint gives. Only then is the old layout let go (its process groups
-destroyed), so a failure on any rank leaves the old model intact: every rank learns of it
-through one all-reduce and the caller can fall back to checkpoint-and-restart.
+pipeline stage and tensor-parallel shards (and dp shards, under `dp_shard`) allocated but not
+initialised, a fresh optimiser. Model and AdamW state then move from the old layout to the new
+one (`copus.parallel.redistribute`: only the slices each rank's new shard needs, point to point)
+and are applied with the same `set_state_dict` a checkpoint load uses, which is what makes the
+continuation numerically the one a restart from checkpoint gives. Sharded data parallelism
+(FSDP2) needs nothing special: its state is DTensors on a (dp, tp) mesh, whose boxes the transfer
+plan reads like any other, so a change may also switch `dp_shard` (and `recompute`) either way.
+Only then is the old layout let go (its process groups destroyed), so a failure on any rank
+leaves the old model intact: every rank learns of it through one all-reduce and the caller can
+fall back to checkpoint-and-restart.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def reshard_in_place(
             plan.pp_schedule,
             model.autocast_factory,
             initialize=False,
+            dp_shard=target.dp_shard,
+            recompute=target.recompute,
         )
         new_optimizer = make_optimizer(new_model)
         new_state = layout_free_state(new_model.module, new_optimizer)

@@ -1,0 +1,289 @@
+"""The records the workers send the driver, one dataclass per kind.
+
+Rank 0 of a training worker group (`copus.train.loop`, `copus.cluster.worker`) and of a profiling
+one (`copus.train.profile`) reports what happens as records; the driver (MLflow, progress,
+OUTPUT_DIR/records.jsonl, run state), the controller and the profiler consume them. They travel
+as plain dicts (Ray, records.jsonl, MLflow): a producer builds the dataclass and sends
+`as_dict()`, a consumer turns what it receives back into the dataclass with `parse_record`.
+`as_dict()` gives the dict, key order included, that the records have always had, so
+records.jsonl and what reads it (`copus.core.audit`, the dashboards) see the same lines.
+
+Pure: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from copus.core.layout import CandidateConfig
+
+
+class RecordError(ValueError):
+    """A dict that is no record: an unknown kind, or a field missing."""
+
+
+@dataclass(kw_only=True)
+class Record:
+    kind: ClassVar[str]
+    # Fields a record carries only when they apply: left out of its dict while None.
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    def payload(self) -> dict[str, Any]:
+        """The record's fields in order, without its kind."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in self.OPTIONAL:
+                continue
+            out[f.metadata.get("key", f.name)] = value
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.payload()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        """The record of a dict of this kind; keys that are no field are ignored."""
+        names = {f.metadata.get("key", f.name): f.name for f in fields(cls)}
+        try:
+            return cls(**{names[k]: v for k, v in data.items() if k in names})
+        except TypeError as err:  # a required field is missing
+            raise RecordError(f"a {cls.kind} record: {err}") from None
+
+
+@dataclass(kw_only=True)
+class StartRecord(Record):
+    """A worker group started, fresh or resuming from a checkpoint (after a relaunch, or after
+    Ray Train restarted a failed group)."""
+
+    kind: ClassVar[str] = "start"
+    step: int
+    samples: int
+    wall_clock_s: float
+    layout: dict  # {"dp", "tp", "pp"}
+    gbs: int
+    mbs: int
+    resumed: bool
+
+
+@dataclass(kw_only=True)
+class StepRecord(Record):
+    """One optimiser step (every cluster.report_every_steps). The figures default to None: a
+    consumer also reads step records written by hand (tests), which leave some out."""
+
+    kind: ClassVar[str] = "step"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"gns_sqr", "gns_var", "b_noise", "critical_batch_size", "statistical_efficiency", "sample_ids"}
+    )
+    step: int
+    samples: int | None = None
+    train_loss: float | None = None
+    lr: float | None = None
+    gbs: int | None = None
+    mbs: int | None = None
+    microbatches: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    step_time_s: float | None = None
+    forward_backward_time_s: float | None = None
+    dp_allreduce_time_s: float | None = None
+    grad_norm_time_s: float | None = None
+    optimizer_time_s: float | None = None
+    grad_norm: float | None = None
+    pipeline_bubble_fraction: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    wall_clock_s: float | None = None
+    dp_shard: str = "none"  # the replica's data-parallel sharding and recomputation (CandidateConfig)
+    recompute: str = "none"
+    # The gradient noise scale's summary, once the estimate has data (GNSEstimator.summary).
+    gns_sqr: float | None = None
+    gns_var: float | None = None
+    b_noise: float | None = None
+    critical_batch_size: float | None = None
+    statistical_efficiency: float | None = None
+    sample_ids: list[int] | None = None  # the global batch's samples (COPUS_RECORD_SAMPLE_IDS=1)
+
+    def config(self) -> CandidateConfig:
+        """The layout and batch shape the step was taken in."""
+        return CandidateConfig(self.dp, self.tp, self.pp, self.mbs, self.gbs, self.dp_shard, self.recompute)
+
+
+@dataclass(kw_only=True)
+class EvalRecord(Record):
+    """The validation loss at a step (samples and timing left out by hand-written records)."""
+
+    kind: ClassVar[str] = "eval"
+    step: int
+    samples: int | None = None
+    val_loss: float
+    wall_clock_s: float | None = None
+    eval_time_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class CheckpointRecord(Record):
+    """A checkpoint every rank has written and handed to storage, and how long that took."""
+
+    kind: ClassVar[str] = "checkpoint"
+    step: int
+    wall_clock_s: float
+    checkpoint_time_s: float  # rank 0's: saving its part and handing the directory to storage
+
+
+@dataclass(kw_only=True)
+class CheckpointRefusedRecord(Record):
+    """A torn or corrupt checkpoint a resuming group passed over for an older complete one."""
+
+    kind: ClassVar[str] = "checkpoint_refused"
+    path: str
+    reason: str
+
+
+@dataclass(kw_only=True)
+class NonfiniteRecord(Record):
+    """A step whose loss or gradient norm was not finite: no update was made."""
+
+    kind: ClassVar[str] = "nonfinite"
+    step: int
+    samples: int
+    train_loss: float
+    grad_norm: float
+    wall_clock_s: float
+    consecutive: int  # skipped steps in a row, this one included
+    nonfinite_steps: int  # skipped steps in the run
+
+
+@dataclass(kw_only=True)
+class ReconfigureRecord(Record):
+    """The run changed configuration at a step boundary, in place or by a restart. Its dict
+    carries the controller's decision (all but the target config) between `to` and `reshard`."""
+
+    kind: ClassVar[str] = "reconfigure"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"reshard", "fell_back"})
+    step: int
+    samples: int
+    wall_clock_s: float
+    from_: dict = field(metadata={"key": "from"})  # CandidateConfig.as_dict()
+    to: dict
+    decision: dict = field(default_factory=dict)  # why: reason, b_noise, predicted_gain, ...
+    reshard: dict | None = None  # the in-place reshard's figures (bytes moved, times)
+    fell_back: str | None = None  # why the in-place path failed, when it fell back to a restart
+    in_place: bool
+
+    def payload(self) -> dict[str, Any]:
+        plain = super().payload()
+        plain.pop("decision")
+        head = {k: plain.pop(k) for k in ("step", "samples", "wall_clock_s", "from", "to")}
+        return {**head, **self.decision, **plain}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReconfigureRecord:
+        own = {f.metadata.get("key", f.name) for f in fields(cls)} | {"kind"}
+        record = super().from_dict(data)
+        record.decision = {k: v for k, v in data.items() if k not in own}
+        return record
+
+
+@dataclass
+class LoopState:
+    """A training run's progress as the loop keeps it: what a checkpoint stores and the end
+    record reports. The batch shape and layout are those of the last step taken."""
+
+    step: int = 0
+    samples: int = 0
+    gbs: int | None = None
+    mbs: int | None = None
+    time_to_target_s: float | None = None
+    best_val_loss: float | None = None
+    last_val_loss: float | None = None
+    last_val_step: int | None = None
+    reconfigure: dict | None = None  # the configuration to relaunch in (stop_reason "reconfigure")
+    layout: dict | None = None  # {"dp", "tp", "pp"}
+    nonfinite_steps: int = 0
+    skipped_samples: int = 0
+    reconfigurations: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(LoopState)}
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> LoopState:
+        """The progress kept in a checkpoint's trainer state (an older one may lack some)."""
+        return cls(**{f.name: saved[f.name] for f in fields(LoopState) if f.name in saved})
+
+
+@dataclass(kw_only=True)
+class EndRecord(Record, LoopState):
+    """A worker group's loop ended: its final state (what run_training returns) and why."""
+
+    kind: ClassVar[str] = "end"
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gns"})
+    data: dict  # the data stream's position
+    wall_clock_s: float
+    model_shape: dict
+    gns: dict | None = None  # the noise-scale estimator's state, when the run measures it
+    stop_reason: str | None
+
+
+@dataclass(kw_only=True)
+class ProfileLayoutRecord(Record):
+    """A profiling group builds a layout for the points that follow."""
+
+    kind: ClassVar[str] = "profile_layout"
+    layout: list[int]  # [dp, tp, pp]
+
+
+@dataclass(kw_only=True)
+class _ProfileConfigRecord(Record):
+    config: dict  # CandidateConfig.as_dict()
+
+    def candidate(self) -> CandidateConfig:
+        return CandidateConfig.from_dict(self.config)
+
+
+@dataclass(kw_only=True)
+class ProfileStartRecord(_ProfileConfigRecord):
+    """A profiling group starts measuring a configuration."""
+
+    kind: ClassVar[str] = "profile_start"
+
+
+@dataclass(kw_only=True)
+class ProfilePointRecord(_ProfileConfigRecord):
+    """A configuration measured: the median of its timed steps, and what was seen."""
+
+    kind: ClassVar[str] = "profile_point"
+    step_time_s: float
+    step_times: list[float]
+    warmup_times: list[float]
+    samples_per_s: float
+    peak_memory_bytes: float | None  # the slowest rank's peak on a GPU; None on CPUs
+
+
+RECORD_KINDS: dict[str, type[Record]] = {
+    cls.kind: cls
+    for cls in (
+        StartRecord,
+        StepRecord,
+        EvalRecord,
+        CheckpointRecord,
+        CheckpointRefusedRecord,
+        NonfiniteRecord,
+        ReconfigureRecord,
+        EndRecord,
+        ProfileLayoutRecord,
+        ProfileStartRecord,
+        ProfilePointRecord,
+    )
+}
+
+
+def parse_record(data: dict[str, Any]) -> Record:
+    """The record a dict (as a worker sent it) stands for, by its kind."""
+    cls = RECORD_KINDS.get(data.get("kind"))
+    if cls is None:
+        raise RecordError(f"unknown record kind {data.get('kind')!r}")
+    return cls.from_dict(data)
