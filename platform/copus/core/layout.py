@@ -14,6 +14,7 @@ DpShard = Literal["none", "optimizer", "full"]
 Recompute = Literal["none", "selective", "full"]
 DP_SHARD_MODES: tuple[str, ...] = get_args(DpShard)
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
+REPLICA_FIELDS = ("dp", "tp", "pp", "dp_shard", "recompute")  # CandidateConfig.replica()
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class CandidateConfig:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
+
+    def replica(self) -> dict:
+        """What a replica is built with: the layout, its sharding and its recomputation. Configurations
+        that differ only in MBS or GBS share a replica; any other change builds another."""
+        return {k: getattr(self, k) for k in REPLICA_FIELDS}
 
     def label(self) -> str:
         return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}{self.knobs_label()}"

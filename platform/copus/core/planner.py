@@ -29,20 +29,15 @@ from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
 from copus.core.layout import CandidateConfig
 
 
-def _build(c: CandidateConfig) -> tuple:
-    """What a replica is built with: the layout, its sharding and its recomputation."""
-    return (c.dp, c.tp, c.pp, c.dp_shard, c.recompute)
-
-
 def same_shape(a: CandidateConfig, b: CandidateConfig) -> bool:
     """Same replica and MBS: only the GBS differs, a change made in place."""
-    return _build(a) == _build(b) and a.mbs == b.mbs
+    return a.replica() == b.replica() and a.mbs == b.mbs
 
 
 def change_kind(a: CandidateConfig, b: CandidateConfig) -> str:
     """What a move from a to b changes, the most expensive part: "layout" (another replica: layout,
     sharding or recomputation), "mbs", "gbs" or "none"."""
-    if _build(a) != _build(b):
+    if a.replica() != b.replica():
         return "layout"
     if a.mbs != b.mbs:
         return "mbs"

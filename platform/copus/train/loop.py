@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
-from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, bubble_fraction
+from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
 from copus.records import (
     CheckpointRecord,
@@ -165,17 +165,10 @@ def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
     if saved.get("reconfigure") or not layout or layout["dp"] * layout["tp"] * layout["pp"] != world:
         return plan
     return plan.replaced(
-        **{k: layout[k] for k in _LAYOUT_KEYS if k in layout},
+        **{k: layout[k] for k in REPLICA_FIELDS if k in layout},
         gbs=saved.get("gbs") or plan.gbs,
         mbs=saved.get("mbs") or plan.mbs,
     )
-
-
-_LAYOUT_KEYS = ("dp", "tp", "pp", "dp_shard", "recompute")  # what a replica is built with
-
-
-def _layout(plan: WorkerPlan) -> dict:
-    return {k: getattr(plan.config, k) for k in _LAYOUT_KEYS}
 
 
 def run_training(
@@ -227,7 +220,7 @@ def open_launch(plan: WorkerPlan, hooks: LoopHooks) -> Launch:
             step=s.step,
             samples=s.samples,
             wall_clock_s=launch.wall(),
-            layout=_layout(plan),
+            layout=plan.config.replica(),
             gbs=plan.gbs,
             mbs=plan.mbs,
             resumed=hooks.resume_from is not None,
@@ -404,7 +397,7 @@ def train_one_step(launch: Launch) -> None:
     s.step += 1
     s.samples += gbs
     s.gbs, s.mbs = gbs, mbs
-    s.layout = _layout(plan)
+    s.layout = plan.config.replica()
     if launch.rank == 0 and s.step % plan.report_every_steps == 0:  # rank 0 only: sample ids can be many
         launch.emit(step_record(launch, result, lr, len(batch.microbatches), step_time, global_batch))
     after_step(launch)

@@ -75,7 +75,7 @@ def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple, lis
     (the batch shape changes between steps of a replica; the rest needs another replica)."""
     groups: list[tuple[tuple, list[CandidateConfig]]] = []
     for c in points:
-        build = (c.dp, c.tp, c.pp, c.dp_shard, c.recompute)
+        build = tuple(c.replica().values())
         if groups and groups[-1][0] == build:
             groups[-1][1].append(c)
         else:
