@@ -10,6 +10,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from copus.storage import Location
+
 SERIES = (
     "val_loss",
     "train_loss",
@@ -86,11 +88,11 @@ def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
     return RunSeries(run.info.run_name or run_id, run.data.tags.get("policy", "?"), run_id, metrics, summary)
 
 
-def load_calibration(path: Path) -> dict:
+def load_calibration(path: Path | Location) -> dict:
     """A calibration file of `copus calibrate` (its dict, with `path` added); ReportError with
     one line when the file is not one. Values not measured are null (None) in it."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = Location.parse(path).read_json()
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportError(f"{path}: not a readable calibration file ({type(err).__name__})") from None
     if (
@@ -102,11 +104,15 @@ def load_calibration(path: Path) -> dict:
     return {**data, "path": str(path)}
 
 
-def calibrations_in(directory: Path) -> list[dict]:
+def _profile_files(directory: Location, prefix: str) -> list[Location]:
+    return [f for f in (directory / "profiles").iterdir() if f.name.startswith(prefix) and f.name.endswith(".json")]
+
+
+def calibrations_in(directory: Location) -> list[dict]:
     """The calibrations in an output directory's profiles/ folder (none: an empty list). A file
     there that is not a calibration is passed over: it does not stop the run's report."""
     found = []
-    for path in sorted((Path(directory) / "profiles").glob("calibration-*.json")):
+    for path in _profile_files(directory, "calibration-"):
         try:
             found.append(load_calibration(path))
         except ReportError:
@@ -114,13 +120,13 @@ def calibrations_in(directory: Path) -> list[dict]:
     return found
 
 
-def profiles_in(directory: Path) -> list[dict]:
+def profiles_in(directory: Location) -> list[dict]:
     """The profile tables (`copus profile`) in an output directory's profiles/ folder; a file
     there that is not one is passed over."""
     found = []
-    for path in sorted((Path(directory) / "profiles").glob("profile-*.json")):
+    for path in _profile_files(directory, "profile-"):
         try:
-            table = json.loads(path.read_text())
+            table = path.read_json()
         except (OSError, ValueError):
             continue
         if isinstance(table, dict) and isinstance(table.get("rows"), list):
@@ -128,17 +134,24 @@ def profiles_in(directory: Path) -> list[dict]:
     return found
 
 
+def output_location(source: str) -> Location | None:
+    """`source` as a location when it names one (a URI, or a path that exists), else None: an
+    MLflow run id."""
+    return Location.parse(source) if "://" in source or Path(source).exists() else None
+
+
 def load(source: str, tracking_uri: str | None) -> ReportData:
-    """`source`: an output directory (of `copus compare` or `copus run`) or an MLflow run id
-    (a comparison's parent run, or a single run)."""
-    path = Path(source)
+    """`source`: an output directory (of `copus compare` or `copus run`; a path or an object-store
+    URI) or an MLflow run id (a comparison's parent run, or a single run)."""
+    path = output_location(source)
     comparison = None
-    if path.is_dir():
+    on_disk = path is not None and path.is_dir()
+    if on_disk:
         if (path / "comparison.json").is_file():
-            comparison = json.loads((path / "comparison.json").read_text())
+            comparison = (path / "comparison.json").read_json()
             tracking_uri, run_id = comparison["mlflow_tracking_uri"], comparison["mlflow_parent_run_id"]
         elif (path / "summary.json").is_file():
-            summary = json.loads((path / "summary.json").read_text())
+            summary = (path / "summary.json").read_json()
             tracking_uri, run_id = summary["mlflow_tracking_uri"], summary["mlflow_run_id"]
         else:
             raise ReportError(f"{path}: no comparison.json or summary.json (not a copus output directory)")
@@ -167,7 +180,6 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
-    on_disk = path.is_dir()
     return ReportData(
         title, runs, comparison, target, calibrations_in(path) if on_disk else [], profiles_in(path) if on_disk else []
     )

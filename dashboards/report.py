@@ -17,7 +17,8 @@ from pathlib import Path
 from copus.core.calibration import FIT_P_MIN
 from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
-from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration
+from copus.storage import Location
+from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration, output_location
 from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#222}
@@ -269,19 +270,20 @@ def render(data: ReportData) -> str:
     )
 
 
-def build_report(source: str, out: str | None = None, tracking_uri: str | None = None) -> Path:
-    """SOURCE: an output directory, an MLflow run id, or a calibration file (its report goes
-    next to it, <stem>-report.html, unless `out` says otherwise)."""
-    src = Path(source)
-    if src.is_file() or source.endswith(".json"):
-        if not src.is_file():
+def build_report(source: str, out: str | None = None, tracking_uri: str | None = None) -> Path | Location:
+    """SOURCE: an output directory (a path or an object-store URI), an MLflow run id, or a
+    calibration file (its report goes next to it, <stem>-report.html, unless `out` says otherwise).
+    Returns where the report was written (a Path when that is local)."""
+    src = output_location(source)
+    if source.partition("?")[0].endswith(".json") or (src is not None and src.is_file()):
+        if src is None or not src.is_file():
             raise ReportError(f"{source}: no such calibration file")
         page = render_calibration(load_calibration(src))
-        path = Path(out) if out else src.with_name(f"{src.stem}-report.html")
+        default = src.parent / f"{src.name.removesuffix('.json')}-report.html"
     else:
         page = render(load(source, tracking_uri))
-        default = src / "report.html" if src.is_dir() else Path("dashboards") / f"report-{source}.html"
-        path = Path(out) if out else default
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
-    return path
+        on_disk = src is not None and src.is_dir()
+        default = src / "report.html" if on_disk else Location.parse(Path("dashboards") / f"report-{source}.html")
+    target = Location.parse(out) if out else default
+    target.write_text(page)
+    return target.local_path() if target.is_local else target

@@ -6,11 +6,12 @@ Exit codes: 0 success, 2 bad input (config, dataset, output dir), 1 training fai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from pathlib import Path
 
 from copus.config import ConfigError, ExperimentConfig, load_config
+from copus.storage import Location, StorageError, read_lines
 
 
 def _add_overrides(p: argparse.ArgumentParser, help: str) -> None:
@@ -129,7 +130,8 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        summary = run_experiment(cfg, fresh=args.fresh, echo=_echo(args))
+        with _json_stdout(args):
+            summary = run_experiment(cfg, fresh=args.fresh, echo=_echo(args))
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -138,8 +140,7 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         return 0
     if args.quiet:
         print(summary_text(summary))
-    out = Path(summary["output_dir"])
-    print(f"summary: {out / 'summary.json'}")
+    print(f"summary: {summary['output_dir'].partition('?')[0]}/summary.json")
     print(f"MLflow: {summary['mlflow_tracking_uri']} (run {summary['mlflow_run_id']})")
     _print_ui_hint(summary["mlflow_tracking_uri"], summary["mlflow_experiment_id"])
     return 0
@@ -173,7 +174,8 @@ def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        result = measure_experiment_gns(cfg, args.steps)
+        with _json_stdout(args, always=True):
+            result = measure_experiment_gns(cfg, args.steps)
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -187,7 +189,8 @@ def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        result = run_profile(cfg, refresh=args.refresh, echo=_echo(args))
+        with _json_stdout(args):
+            result = run_profile(cfg, refresh=args.refresh, echo=_echo(args))
     except (ConfigError, DatasetError, ProfileTableError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -233,6 +236,14 @@ COMMANDS = {
 }
 
 
+def _json_stdout(args: argparse.Namespace, always: bool = False) -> contextlib.AbstractContextManager:
+    """While a command whose stdout is one JSON document works, anything else printed to stdout
+    goes to stderr (Ray prints a dead worker's notice on the driver's stdout)."""
+    return (
+        contextlib.redirect_stdout(sys.stderr) if always or getattr(args, "json", False) else contextlib.nullcontext()
+    )
+
+
 def _echo(args: argparse.Namespace):
     if getattr(args, "quiet", False):
         return lambda line: None
@@ -253,7 +264,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        result = run_comparison(suite, experiment, args.overrides, _echo(args))
+        with _json_stdout(args):
+            result = run_comparison(suite, experiment, args.overrides, _echo(args))
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -294,7 +306,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         cfg = experiment_config(args)
         from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
 
-        result = run_calibration(cfg, _echo(args))
+        with _json_stdout(args):
+            result = run_calibration(cfg, _echo(args))
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
@@ -308,10 +321,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     try:
         path = build_report(args.source, args.out, args.tracking_uri)
-    except ReportError as err:
+    except (ReportError, StorageError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    print(f"report: {path.resolve()}")
+    print(f"report: {path}")
     return 0
 
 
@@ -329,14 +342,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _last_checkpoint_step(out: Path) -> int | None:
+def _last_checkpoint_step(out: Location) -> int | None:
     """The step of the last checkpoint a run's records mention (None before the first)."""
     step = None
     try:
-        with open(out / "records.jsonl") as fh:
-            for line in fh:
-                if '"kind": "checkpoint"' in line:
-                    step = json.loads(line).get("step", step)
+        for line in read_lines(out / "records.jsonl"):
+            if '"kind": "checkpoint"' in line:
+                step = json.loads(line).get("step", step)
     except (OSError, ValueError):
         pass
     return step
@@ -348,7 +360,7 @@ def _interrupted(args: argparse.Namespace) -> str:
         if args.command == "compare":
             from copus.config import load_suite
 
-            out = Path(load_suite(args.suite, args.overrides)[0].output_dir).expanduser().resolve()
+            out = Location.parse(load_suite(args.suite, args.overrides)[0].output_dir)
             return (
                 f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
                 f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again"

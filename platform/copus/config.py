@@ -10,14 +10,18 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
+from copus.storage import Location, check_location
+
+# A path, or a URI pyarrow opens (s3://, gs://, ...): where run files go (copus.storage).
+StorageLocation = Annotated[str, AfterValidator(check_location)]
 
 
 class ConfigError(ValueError):
@@ -173,7 +177,7 @@ class ProfileConfig(Section):
         64, ge=1
     )  # measure only GBS values of at most this many micro-batches per step
     folds: int = Field(5, ge=2)  # cross-validation folds for the model's error
-    table_dir: str | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
+    table_dir: StorageLocation | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
 class CalibrationConfig(Section):
@@ -219,7 +223,7 @@ class ExperimentConfig(Section):
     # checkpoint and worker-group restart (restart), or in place with restart as the fallback
     # when the in-place path fails (auto). A change of GBS alone is always made in place.
     reconfigure: Literal["auto", "in_place", "restart"] = "auto"
-    output_dir: str = "runs/experiment"
+    output_dir: StorageLocation = "runs/experiment"  # a path, or s3://, gs://... (copus.storage)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "ExperimentConfig":
@@ -284,9 +288,9 @@ class ExperimentConfig(Section):
         b0 = self.optimizer.reference_gbs
         return sorted(set(self.calibration.branch_samples or [b0 * k for k in (20, 60, 120, 200)]))
 
-    def resolved_profile_dir(self) -> Path:
+    def resolved_profile_dir(self) -> Location:
         return (
-            Path(self.profile.table_dir).expanduser().resolve()
+            Location.parse(self.profile.table_dir)
             if self.profile.table_dir
             else self.resolved_output_dir() / "profiles"
         )
@@ -294,8 +298,8 @@ class ExperimentConfig(Section):
     def resolved_tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
-    def resolved_output_dir(self) -> Path:
-        return Path(self.output_dir).expanduser().resolve()
+    def resolved_output_dir(self) -> Location:
+        return Location.parse(self.output_dir)
 
 
 class FieldProblem(ValueError):
@@ -529,7 +533,7 @@ class SuiteConfig(Section):
     # static: the profile's fastest layout for batch.gbs (the paper's Static-GBS baseline), or
     # the experiment's own layout.
     static_layout: Literal["best", "given"] = "best"
-    output_dir: str = "runs/comparison"
+    output_dir: StorageLocation = "runs/comparison"
 
 
 def is_suite_file(path: str | os.PathLike) -> bool:

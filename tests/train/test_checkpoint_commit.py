@@ -4,10 +4,12 @@ exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
 import pytest
 
+from copus.storage import Location
 from copus.train.checkpoint import COMPLETE, checkpoint_problems, newest_complete, resume_candidates
 from copus.train.local import run_local
 from copus.train.plan import StopRule
@@ -54,7 +56,8 @@ def test_a_damaged_checkpoint_is_refused_and_the_previous_one_resumes_exactly(
         (step4 / COMPLETE).unlink()
     else:
         (step4 / "manifest_rank0.json").unlink()
-    chosen, refused = newest_complete([step4, step2])
+    with contextlib.ExitStack() as stack:
+        chosen, refused = newest_complete([step4, step2], stack)
     assert chosen == step2 and refused[0][0] == step4 and reason in refused[0][1]
 
     # Resuming from the chosen one retrains steps 3 and 4 to the same losses.
@@ -72,5 +75,6 @@ def test_resume_candidates_are_the_latest_then_older_ones(tmp_path):
     for n in names:
         (tmp_path / n).mkdir()
     latest = tmp_path / names[1]  # what Ray handed over (a newer one may be from a failed attempt)
-    assert resume_candidates(latest, tmp_path) == [latest, tmp_path / names[0]]
-    assert resume_candidates(None, tmp_path) == []
+    root = Location.parse(tmp_path)
+    assert resume_candidates(root / names[1], root) == [latest, tmp_path / names[0]]
+    assert resume_candidates(None, root) == []

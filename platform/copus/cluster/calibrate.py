@@ -20,7 +20,6 @@ missing. MLflow: a parent run with the fits, a child run per continuation.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
@@ -35,7 +34,7 @@ from copus.cluster.launch import ensure_ray, prepare_plan
 from copus.cluster.profile_table import key_id
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.calibration import CalibrationResult, finite_json, fit_branch, with_noise_scales
-from copus.storage import write_json_atomic
+from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.plan import WorkerPlan
 
@@ -68,7 +67,7 @@ def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
     }
 
 
-def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Path:
+def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Location:
     return cfg.resolved_profile_dir() / f"calibration-{key_id(calibration_key(cfg, data_fingerprint))}.json"
 
 
@@ -77,7 +76,7 @@ def load_calibration(cfg: ExperimentConfig, data_fingerprint: str) -> dict | Non
     path = calibration_path(cfg, data_fingerprint)
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    data = path.read_json()
     return data if data.get("key") == calibration_key(cfg, data_fingerprint) else None
 
 
@@ -108,14 +107,18 @@ def _use_cores(cpus: float) -> None:
 
 
 def _reference_task(
-    plan: WorkerPlan, branches: list[int], out_dir: str, val_samples: int, gns_steps: int, cpus: float
+    plan: WorkerPlan, branches: list[int], out_dir: Location, val_samples: int, gns_steps: int, cpus: float
 ) -> list[dict]:
+    """The reference run; its branch checkpoints are written locally and end up in `out_dir`
+    (uploaded once the run is done when that is an object store)."""
     from copus.train.calibrate import branch_noise_scales, reference_run
 
     _use_cores(cpus)
-    points = reference_run(plan, branches, Path(out_dir), val_samples)
-    for p in points:
-        p.update(branch_noise_scales(plan, Path(p["checkpoint"]), gns_steps))
+    with staged_directory(out_dir) as local:
+        points = reference_run(plan, branches, local, val_samples)
+        for p in points:
+            p.update(branch_noise_scales(plan, Path(p["checkpoint"]), gns_steps))
+            p["checkpoint"] = str(out_dir / Path(p["checkpoint"]).name)
     return points
 
 
@@ -125,17 +128,18 @@ def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
 
     _use_cores(settings["cpus"])
     point = config["point"]
-    result = continue_branch(
-        plan,
-        Path(point["checkpoint"]),
-        point["start"],
-        point["gbs"],
-        point["seed"],
-        settings["decrement"],
-        settings["max_samples"],
-        settings["eval_every_samples"],
-        settings["val_samples"],
-    )
+    with local_copy(Location.parse(point["checkpoint"])) as checkpoint:
+        result = continue_branch(
+            plan,
+            checkpoint,
+            point["start"],
+            point["gbs"],
+            point["seed"],
+            settings["decrement"],
+            settings["max_samples"],
+            settings["eval_every_samples"],
+            settings["val_samples"],
+        )
     tune.report({**result, "branch": point["branch"]})
 
 
@@ -194,10 +198,12 @@ class Calibration:
             "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
         }
         # The work folder is keyed by the settings too: other settings, other runs.
-        self.work = self.path.with_suffix("") / key_id(
-            {**self.settings, "cpus": None, "key": self.key, "crossing": CROSSING_METHOD}
+        self.work = (
+            self.path.parent
+            / self.path.name.removesuffix(".json")
+            / key_id({**self.settings, "cpus": None, "key": self.key, "crossing": CROSSING_METHOD})
         )
-        (self.work / "points").mkdir(parents=True, exist_ok=True)
+        (self.work / "points").mkdir()
         self.tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
         self.parent: str | None = None
 
@@ -205,7 +211,7 @@ class Calibration:
         """The reference run's branch points (run once, kept)."""
         path = self.work / "branches.json"
         if path.is_file():
-            return json.loads(path.read_text())
+            return path.read_json()
         s = self.settings
         self.echo(
             f"reference run at gbs {self.cfg.optimizer.reference_gbs} to {max(s['branch_samples'])} samples, "
@@ -214,7 +220,7 @@ class Calibration:
         task = ray.remote(_reference_task).options(num_cpus=s["cpus"])
         points = ray.get(
             task.remote(
-                self.plan, s["branch_samples"], str(self.work / "branches"), s["val_samples"], s["gns_steps"], s["cpus"]
+                self.plan, s["branch_samples"], self.work / "branches", s["val_samples"], s["gns_steps"], s["cpus"]
             )
         )
         for i, p in enumerate(points):
@@ -226,7 +232,8 @@ class Calibration:
         return points
 
     def done(self) -> dict[str, dict]:
-        return {f.stem: json.loads(f.read_text()) for f in (self.work / "points").glob("*.json")}
+        points = (self.work / "points").iterdir()
+        return {f.name.removesuffix(".json"): f.read_json() for f in points if f.name.endswith(".json")}
 
     def record_point(self, point: dict) -> None:
         write_json_atomic(self.work / "points" / f"{_point_name(point)}.json", point)
@@ -287,7 +294,7 @@ class Calibration:
             tune_config=tune.TuneConfig(reuse_actors=True),
             run_config=tune.RunConfig(
                 name=f"calibrate-{int(t)}",
-                storage_path=str(self.work / "tune"),
+                **ray_storage_args(self.work / "tune"),
                 verbose=0,
                 callbacks=[_Progress(self.record_point)],
             ),
@@ -331,7 +338,7 @@ class Calibration:
             ],
             wall_clock_s,
         )
-        data = result.as_dict(self.path.stem.removeprefix("calibration-"))
+        data = result.as_dict(self.path.name.removesuffix(".json").removeprefix("calibration-"))
         data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
         return finite_json(data)
 

@@ -10,7 +10,6 @@ suite keeps what finished.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from copus.cluster.driver import run_experiment
@@ -18,22 +17,22 @@ from copus.config import SuiteConfig, config_from_mapping
 from copus.core.comparison import summarize
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
-from copus.storage import write_json_atomic
+from copus.storage import Location, write_json_atomic
 from copus.tracking import Tracker, flatten
 
 
 def suite_table_dir(suite: SuiteConfig, base) -> str:
     """Where a suite's runs keep (and look for) the profile table and the calibration: the
     experiment's table_dir when it names one, else OUTPUT_DIR/profiles of the suite."""
-    out = Path(suite.output_dir).expanduser().resolve()
+    out = Location.parse(suite.output_dir)
     return str(base.resolved_profile_dir()) if base.profile.table_dir else str(out / "profiles")
 
 
 def run_comparison(
     suite: SuiteConfig, experiment: dict, overrides: list[str], echo: Callable[[str], None] = print
 ) -> dict:
-    out = Path(suite.output_dir).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = Location.parse(suite.output_dir)
+    out.mkdir()
     base = config_from_mapping(experiment, suite.set + overrides)
     table_dir = suite_table_dir(suite, base)
     tracker = Tracker(base.resolved_tracking_uri(), base.tracking.experiment)
@@ -82,7 +81,7 @@ def _policy_config(
     policy: str,
     repeat: int,
     seed: int,
-    run_dir: Path,
+    run_dir: Location,
     table_dir: str,
 ):
     """One run of the suite: the experiment with the suite's settings, the policy, its seed, its own
@@ -211,7 +210,9 @@ def comparison_table(result: dict) -> str:
     if ablation and ablation.get("paired_speedup_mean") is not None:
         lines.append("copus vs copus-gbs (the layout and MBS co-adapted):")
         lines += paired_lines(ablation)
-    lines.append(f"comparison: {Path(result['runs'][0]['output_dir']).parents[1] / 'comparison.json'}")
+    # A run's output_dir is SUITE_DIR/<policy>/r<repeat> (a path or URI; its query is left out here).
+    suite_dir = result["runs"][0]["output_dir"].partition("?")[0].rsplit("/", 2)[0]
+    lines.append(f"comparison: {suite_dir}/comparison.json")
     return "\n".join(lines)
 
 

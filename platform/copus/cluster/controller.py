@@ -12,11 +12,8 @@ output directory for a driver restart.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import ray
 
@@ -25,6 +22,7 @@ from copus.core.layout import CandidateConfig
 from copus.core.planner import Decision, Planner, SwitchCosts
 from copus.core.policies import decide
 from copus.records import EvalRecord, StepRecord, parse_record
+from copus.storage import Location
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ class Controller(RecordQueue):
         restart_cost_s: float | None = None,
         in_place_cost_s: float | None = None,
         reconfigure: str | None = None,
-        state_path: str | None = None,
+        state_path: Location | str | None = None,
     ):
         """The optional arguments carry what an earlier driver of the same run measured.
         `state_path`: where the controller keeps its state after every decision; a controller
@@ -81,9 +79,9 @@ class Controller(RecordQueue):
         self.pending: dict | None = None
         self._interval_start: float | None = None
         self.restarts = 0
-        self.state_path = Path(state_path) if state_path else None
+        self.state_path = Location.parse(state_path) if state_path else None
         if self.state_path is not None and self.state_path.is_file():
-            self._recover(json.loads(self.state_path.read_text()))
+            self._recover(self.state_path.read_json())
 
     def _recover(self, saved: dict) -> None:
         self.history, self.evaluations = saved["history"], saved["evaluations"]
@@ -106,9 +104,7 @@ class Controller(RecordQueue):
             "pending": self.pending,
             "last_val_loss": _finite(self.last_val_loss),
         }
-        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.state_path)
+        self.state_path.write_json(state, indent=None)
 
     def _decision_b_noise(self, measured: float) -> float:
         script = self.spec.b_noise_script

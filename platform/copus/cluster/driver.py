@@ -20,7 +20,6 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import ray
@@ -59,7 +58,7 @@ from copus.records import (
     StepRecord,
     parse_record,
 )
-from copus.storage import RAY_RUN_NAME, ray_storage
+from copus.storage import RAY_RUN_NAME, AppendLog, Location, StorageError, ray_storage, ray_storage_args, read_lines
 from copus.tracking import Tracker, flatten, results_name
 from copus.train.faults import Faults, FaultSpecError, faults_from_env
 from copus.train.plan import WorkerPlan
@@ -138,7 +137,7 @@ class DriverRun:
     (run_state.json), its MLflow run, and the configuration the next launch trains in."""
 
     cfg: ExperimentConfig
-    out: Path
+    out: Location  # the output directory: a path or an object-store URI (copus.storage)
     tokens: TokenFiles
     plan: WorkerPlan
     faults: Faults
@@ -185,7 +184,10 @@ def open_run(
 ) -> DriverRun:
     """Check the inputs (a bad one is refused before Ray starts), open the output directory's
     run state, start Ray and set up the controller's inputs."""
-    out = cfg.resolved_output_dir()
+    try:
+        out = cfg.resolved_output_dir()
+    except StorageError as err:
+        raise ConfigError(f"output_dir: {err}") from None
     tokens, plan = prepare_plan(cfg)
     try:
         faults = faults_from_env(out / FAULT_MARKERS, cfg.cluster.num_workers)
@@ -193,7 +195,7 @@ def open_run(
         raise ConfigError(str(err)) from None
     if fresh:
         clear_run(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir()
     state = load_run_state(out, resume_key(cfg, tokens.fingerprint))
     ensure_ray(cfg)
     spec, start = (
@@ -256,7 +258,7 @@ def start_controller(run: DriverRun):
         return RunMonitor.remote()
     s = run.state
     return GoodputController.options(name=f"copus-controller-{run.run_id}", max_restarts=-1).remote(
-        run.spec, s.restart_cost_s, s.in_place_cost_s, s.reconfigure, str(run.out / CONTROLLER_STATE)
+        run.spec, s.restart_cost_s, s.in_place_cost_s, s.reconfigure, run.out / CONTROLLER_STATE
     )
 
 
@@ -298,11 +300,11 @@ def launch_trainer(run: DriverRun, controller) -> TorchTrainer:
             "faults": run.faults,
             "record_sample_ids": run.record_sample_ids,
             "controller_timeout_s": cfg.policy.controller_timeout_s,
-            "checkpoint_root": str(storage / RAY_RUN_NAME),
+            "checkpoint_root": storage / RAY_RUN_NAME,
         },
         RunConfig(
             name=RAY_RUN_NAME,
-            storage_path=str(storage),
+            **ray_storage_args(storage),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             failure_config=FailureConfig(max_failures=cfg.cluster.max_failures),
         ),
@@ -327,7 +329,7 @@ class RecordHandler:
 
     def __init__(self, run: DriverRun, controller):
         self.run, self.controller = run, controller
-        self.log = open(run.out / RECORDS_LOG, "a")
+        self.log = AppendLog(run.out / RECORDS_LOG)
         self.cursor: tuple[str | None, int] = (None, 0)  # how far the controller's queue was drained
         self.final: EndRecord | None = None  # this launch's end record
         self.starts = 0  # worker-group starts in this launch (a second one: Ray Train restarted a failed group)
@@ -351,6 +353,7 @@ class RecordHandler:
             handle = getattr(self, f"on_{record.kind}", None)  # profiling records never come here
             if handle is not None:
                 handle(record)
+        self.log.flush()
         run.state.elapsed_s = time.time() - run.clock_origin
         save_run_state(run.out, run.state)
 
@@ -474,7 +477,7 @@ def finish_run(run: DriverRun, final: EndRecord, controller_state: dict | None) 
     ended = final_config(run, final)
     summary = run_summary(run, final, ended, controller_state)
     log_results(run, summary, ended, final.step)
-    (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run.out / "summary.json").write_json(summary)
     run.tracker.log_dict(run.run_id, summary, "summary.json")
     run.echo(summary_text(summary))
     return summary
@@ -545,7 +548,7 @@ def log_results(run: DriverRun, summary: dict, ended: CandidateConfig, step: int
 
 
 def audit_changes(
-    out: os.PathLike,
+    out: Location,
     entries: list[dict],
     warmup_samples: int,
     tracker: Tracker,
@@ -564,12 +567,11 @@ def audit_changes(
         return entries
     records = []
     try:
-        with open(os.path.join(out, RECORDS_LOG)) as fh:
-            for line in fh:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut short when a driver died mid-write
-                    continue
+        for line in read_lines(out / RECORDS_LOG):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short when a driver died mid-write
+                continue
         audited = audit_reconfigurations(entries, records, run_start_samples=warmup_samples)
     except Exception as err:  # the audit is a by-product: never lose a run's summary to it
         echo(f"warning: could not audit the reconfigurations ({type(err).__name__}: {err})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from copus.core.throughput import (
     cross_validate,
     fit_step_time_model,
 )
+from copus.storage import Location
 
 SCHEMA_VERSION = 1
 
@@ -144,18 +144,15 @@ class ProfileTable:
             "model": self.model,
         }
 
-    def save(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / self.file_name()
-        tmp = directory / f".{self.file_name()}.tmp"
-        tmp.write_text(json.dumps(self.as_dict(), indent=2))
-        os.replace(tmp, path)
+    def save(self, directory: Location | Path) -> Location:
+        path = Location.parse(directory) / self.file_name()
+        path.write_json(self.as_dict())
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "ProfileTable":
+    def load(cls, path: Location | Path) -> "ProfileTable":
         try:
-            data = json.loads(path.read_text())
+            data = Location.parse(path).read_json()
         except (OSError, json.JSONDecodeError) as err:
             raise ProfileTableError(f"{path}: not a readable profile table ({err})") from None
         if data.get("schema_version") != SCHEMA_VERSION:
@@ -166,10 +163,10 @@ class ProfileTable:
         return cls(key=data["key"], rows=data["rows"], model=data.get("model"), created=data["created"])
 
     @classmethod
-    def open(cls, directory: Path, key: dict, refresh: bool = False) -> "ProfileTable":
+    def open(cls, directory: Location | Path, key: dict, refresh: bool = False) -> "ProfileTable":
         """The table of `key` in `directory`, or a new empty one (always a new one with refresh)."""
         table = cls(key=key)
-        path = directory / table.file_name()
+        path = Location.parse(directory) / table.file_name()
         if path.is_file() and not refresh:
             loaded = cls.load(path)
             if loaded.key != key:

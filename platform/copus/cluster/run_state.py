@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.layout import CandidateConfig
-from copus.storage import ray_storage, write_json_atomic
+from copus.storage import Location, ray_storage
 
 RUN_STATE = "run_state.json"
 CONTROLLER_STATE = "controller_state.json"
@@ -55,19 +53,19 @@ def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def clear_run(output_dir: Path) -> None:
+def clear_run(output_dir: Location) -> None:
     """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
-    shutil.rmtree(ray_storage(output_dir), ignore_errors=True)
-    shutil.rmtree(output_dir / FAULT_MARKERS, ignore_errors=True)
+    ray_storage(output_dir).rmtree()
+    (output_dir / FAULT_MARKERS).rmtree()
     for name in (RUN_STATE, "summary.json", RECORDS_LOG, CONTROLLER_STATE):
         (output_dir / name).unlink(missing_ok=True)
 
 
-def load_run_state(output_dir: Path, key: str) -> RunState:
+def load_run_state(output_dir: Location, key: str) -> RunState:
     path = output_dir / RUN_STATE
     if not path.is_file():
         return RunState(resume_key=key)
-    state = RunState(**json.loads(path.read_text()))
+    state = RunState(**path.read_json())
     if state.resume_key != key:
         raise ConfigError(
             f"output_dir: {output_dir} holds a run this configuration cannot resume (model, seq_len, "
@@ -93,6 +91,6 @@ def resume_config(reached: dict | None, start: CandidateConfig) -> tuple[Candida
     )
 
 
-def save_run_state(output_dir: Path, state: RunState) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output_dir / RUN_STATE, asdict(state))
+def save_run_state(output_dir: Location, state: RunState) -> None:
+    output_dir.mkdir()
+    (output_dir / RUN_STATE).write_json(asdict(state))

@@ -8,6 +8,7 @@ from pathlib import Path
 import ray.train
 
 from copus.records import CheckpointRefusedRecord
+from copus.storage import Location
 from copus.train.checkpoint import newest_complete, resume_candidates
 from copus.train.faults import Faults
 from copus.train.gns import measure_gns
@@ -27,13 +28,8 @@ def train_worker(loop_config: dict) -> dict:
     def persist(path: Path, metrics: dict) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
 
-    checkpoint = ray.train.get_checkpoint()
-    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as latest:
-        # A torn or corrupt latest checkpoint is refused and an older complete one used.
-        root = loop_config.get("checkpoint_root")
-        resume_dir, refused = newest_complete(
-            resume_candidates(Path(latest) if latest else None, Path(root) if root else None)
-        )
+    with contextlib.ExitStack() as stack:
+        resume_dir, refused = newest_complete(_resume_candidates(loop_config), stack, _node_copy)
         if rank == 0:
             for path, reason in refused:
                 monitor.push.remote(CheckpointRefusedRecord(path=str(path), reason=reason).as_dict())
@@ -51,6 +47,23 @@ def train_worker(loop_config: dict) -> dict:
         elif loop_config.get("adaptive"):
             hooks.decide = lambda step, current: None  # follows rank 0's broadcast
         return run_training(plan, hooks)
+
+
+def _resume_candidates(loop_config: dict) -> list[Location]:
+    """The checkpoint Ray Train hands over, then the older ones in the run's storage: a torn or
+    corrupt latest checkpoint is refused and an older complete one used."""
+    latest, root = ray.train.get_checkpoint(), loop_config.get("checkpoint_root")
+    if latest is None:
+        return []
+    if root is None:
+        return [Location(latest.filesystem, latest.path)]
+    return resume_candidates(Location(latest.filesystem, latest.path, root.scheme, root.query), root)
+
+
+def _node_copy(where: Location):
+    """A checkpoint in storage as a local directory: the directory itself when storage is local,
+    else one download per node that the node's ranks share (Ray's Checkpoint.as_directory)."""
+    return ray.train.Checkpoint(where.path, filesystem=where.fs).as_directory()
 
 
 def _patient_decisions(controller, timeout_s: float):

@@ -14,14 +14,18 @@ match the manifests (a crash mid-write, a torn upload, a corrupted disk), is ref
 with the reason, and the newest complete checkpoint before it is used (`newest_complete`).
 
 Each rank may write into its own local directory: the file names never collide, and Ray
-Train merges the directories of all ranks into one checkpoint in storage.
+Train merges the directories of all ranks into one checkpoint in storage. Storage may be an
+object store (copus.storage): a checkpoint is verified and loaded from a local copy, which Ray
+downloads once per node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -29,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from copus.parallel.agree import all_ranks_ok
+from copus.storage import Location, local_copy
 from workloads.corpus import file_digest
 
 TRAINER_STATE = "trainer_state.json"
@@ -122,15 +127,24 @@ def checkpoint_problems(path: Path) -> list[str]:
     return problems
 
 
-def newest_complete(candidates: list[Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The first complete checkpoint of `candidates` (newest first), and the ones refused
-    before it with their reasons."""
+def newest_complete(
+    candidates: list,
+    stack: contextlib.ExitStack,
+    materialise: Callable[[Location], ContextManager] = local_copy,
+) -> tuple[Path | None, list[tuple[object, str]]]:
+    """The first complete checkpoint of `candidates` (paths or Locations, newest first) as a
+    local directory that stays available until `stack` closes, and the candidates refused
+    before it with their reasons. `materialise` makes a candidate local (a download for an
+    object store; Ray's node-shared `Checkpoint.as_directory` in workers)."""
     refused = []
-    for path in candidates:
-        problems = checkpoint_problems(path)
-        if not problems:
-            return path, refused
-        refused.append((path, "; ".join(problems)))
+    for candidate in candidates:
+        with contextlib.ExitStack() as attempt:
+            local = Path(attempt.enter_context(materialise(Location.parse(candidate))))
+            problems = checkpoint_problems(local)
+            if not problems:
+                stack.enter_context(attempt.pop_all())  # keep this copy until the caller is done
+                return local, refused
+        refused.append((candidate, "; ".join(problems)))
     return None, refused
 
 
@@ -156,12 +170,15 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     return trainer_state
 
 
-def resume_candidates(latest: Path | None, root: Path | None) -> list[Path]:
+def checkpoint_dirs(root: Location) -> list[Location]:
+    """The checkpoints Ray Train keeps in a run's storage (named checkpoint_<timestamp>), newest first."""
+    return [c for c in reversed(root.iterdir()) if c.name.startswith("checkpoint_") and c.is_dir()]
+
+
+def resume_candidates(latest: Location | None, root: Location | None) -> list[Location]:
     """Where to look for a checkpoint to resume from, newest first: the one Ray Train hands
-    over, then the older ones it kept in the run's storage (named checkpoint_<timestamp>)."""
+    over, then the older ones it kept in the run's storage."""
     if latest is None:
         return []
-    older = []
-    if root is not None and root.is_dir():
-        older = sorted((p for p in root.glob("checkpoint_*") if p.is_dir() and p.name < latest.name), reverse=True)
+    older = [c for c in checkpoint_dirs(root) if c.name < latest.name] if root is not None else []
     return [latest] + older

@@ -5,13 +5,18 @@ tensor-parallel shards and pipeline stages on load. Tensors are read from it a g
 (one output shard's worth), converted to Hugging Face's names and rotary layout, and written as
 safetensors shards with an index, so memory holds one shard, never the whole model. The
 directory is written beside OUT and renamed into place once complete.
+
+The run's output directory may be on an object store (copus.storage): the checkpoint is then
+downloaded first. OUT may be one too: the model is written locally, then uploaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -19,8 +24,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from copus.storage import RAY_RUN_NAME, ray_storage
-from copus.train.checkpoint import newest_complete, read_trainer_state
+from copus.storage import RAY_RUN_NAME, Location, StorageError, ray_storage
+from copus.train.checkpoint import checkpoint_dirs, newest_complete, read_trainer_state
 from workloads.flavours import ModelFlavour
 from workloads.hf_config import INDEX, SINGLE_FILE, config_from_flavour
 from workloads.hf_weights import to_hf_tensors
@@ -32,14 +37,16 @@ class ExportError(ValueError):
     """One line naming the directory or file that cannot be exported."""
 
 
-def committed_checkpoint(output_dir: Path) -> Path:
+def committed_checkpoint(output_dir: Location, stack: contextlib.ExitStack) -> tuple[Path, Location]:
+    """The run's newest complete checkpoint: where it is, and a local directory with its files
+    (a download for an object store) that stays until `stack` closes."""
     root = ray_storage(output_dir) / RAY_RUN_NAME
-    candidates = sorted((p for p in root.glob("checkpoint_*") if p.is_dir()), reverse=True) if root.is_dir() else []
-    found, refused = newest_complete(candidates)
+    candidates = checkpoint_dirs(root)
+    found, refused = newest_complete(candidates, stack)
     if found is None:
         why = f" ({len(refused)} refused: {refused[0][1]})" if refused else ""
         raise ExportError(f"{output_dir}: no committed checkpoint under {root}{why}")
-    return found
+    return found, candidates[len(refused)]
 
 
 def _model_tensors(checkpoint: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
@@ -92,17 +99,40 @@ def _write_shards(checkpoint: Path, flavour: ModelFlavour, staging: Path, max_by
 def export_run(output_dir: str | Path, out: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
     """Write the newest committed checkpoint of the run in `output_dir` to `out` as a Hugging
     Face model directory. Returns what was written."""
-    output_dir, out = Path(output_dir).expanduser().resolve(), Path(out).expanduser().resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out}: exists and is not an empty directory")
-    checkpoint = committed_checkpoint(output_dir)
-    shape = read_trainer_state(checkpoint).get("model_shape")
-    if shape is None:
-        raise ExportError(
-            f"{checkpoint}: the checkpoint does not record the model's shape (written before copus "
-            f"export existed); train on from it once and export the new checkpoint"
-        )
-    flavour = ModelFlavour.from_dict(shape)
+    try:
+        source, target = Location.parse(output_dir), Location.parse(out)
+    except StorageError as err:
+        raise ExportError(str(err)) from None
+    if target.exists() and (not target.is_dir() or target.iterdir()):
+        raise ExportError(f"{target}: exists and is not an empty directory")
+    with contextlib.ExitStack() as stack:
+        checkpoint, where = committed_checkpoint(source, stack)
+        trainer_state = read_trainer_state(checkpoint)
+        shape = trainer_state.get("model_shape")
+        if shape is None:
+            raise ExportError(
+                f"{checkpoint}: the checkpoint does not record the model's shape (written before copus "
+                f"export existed); train on from it once and export the new checkpoint"
+            )
+        if target.is_local:
+            weight_map = _write_model_dir(
+                checkpoint, ModelFlavour.from_dict(shape), target.local_path(), max_shard_bytes
+            )
+        else:
+            local = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="copus-export-"))) / target.name
+            weight_map = _write_model_dir(checkpoint, ModelFlavour.from_dict(shape), local, max_shard_bytes)
+            target.upload_from(local)
+        return {
+            "checkpoint": str(where),
+            "out": str(target),
+            "tensors": len(weight_map),
+            "files": len(set(weight_map.values())),
+            "step": trainer_state.get("step"),
+        }
+
+
+def _write_model_dir(checkpoint: Path, flavour: ModelFlavour, out: Path, max_shard_bytes: int) -> dict[str, str]:
+    """The model directory, written beside `out` and renamed into place once complete."""
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -111,10 +141,4 @@ def export_run(output_dir: str | Path, out: str | Path, max_shard_bytes: int = M
     if out.exists():
         out.rmdir()
     os.replace(staging, out)
-    return {
-        "checkpoint": str(checkpoint),
-        "out": str(out),
-        "tensors": len(weight_map),
-        "files": len(set(weight_map.values())),
-        "step": read_trainer_state(checkpoint).get("step"),
-    }
+    return weight_map

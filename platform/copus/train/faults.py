@@ -13,7 +13,8 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from copus.storage import Location
 
 KILL_ENV = "COPUS_INJECT_WORKER_KILL"
 NONFINITE_ENV = "COPUS_INJECT_NONFINITE_STEPS"
@@ -30,7 +31,8 @@ class Faults:
     poison_steps: frozenset[int] = field(default_factory=frozenset)
     kill_step: int | None = None
     kill_rank: int = 1
-    kill_marker: str | None = None  # created before the kill: a restarted group does not kill again
+    # Created before the kill, in the run's storage: a restarted group (on any node) does not kill again.
+    kill_marker: Location | None = None
     # The doomed rank waits this long before dying (its peers wait in the step's collectives):
     # Ray Train registers a reported checkpoint when its controller next polls the workers
     # (every few seconds), so a kill right after a checkpoint could find it unregistered; on a
@@ -41,16 +43,15 @@ class Faults:
         """SIGKILL this process if it is the chosen rank at the chosen step, the first time."""
         if self.kill_step != step or self.kill_rank != rank or self.kill_marker is None:
             return
-        marker = Path(self.kill_marker)
+        marker = self.kill_marker
         if marker.exists():
             return
-        marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"rank {rank} killed at step {step}\n")
         time.sleep(self.kill_delay_s)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def faults_from_env(marker_dir: Path, world: int, environ=os.environ) -> Faults:
+def faults_from_env(marker_dir: Location, world: int, environ=os.environ) -> Faults:
     """The faults the environment asks for; a malformed value is one line naming the variable."""
 
     def steps(name: str) -> frozenset[int]:
@@ -75,5 +76,5 @@ def faults_from_env(marker_dir: Path, world: int, environ=os.environ) -> Faults:
         poison_steps=steps(NONFINITE_ENV),
         kill_step=kill_step,
         kill_rank=kill_rank,
-        kill_marker=str(marker_dir / f"killed-at-step-{kill_step}") if kill_step is not None else None,
+        kill_marker=marker_dir / f"killed-at-step-{kill_step}" if kill_step is not None else None,
     )
