@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One intra-op thread in the test process (and in the processes it starts, unless the
+# environment says otherwise; spawned gloo ranks and Ray workers use one already). The models
+# here are tiny, so a second thread buys nothing, while on a 2-core machine that also runs
+# spawned ranks or Ray's daemons OpenMP's spinning threads make each small op 10-25x slower.
+# Set before torch is imported (conftest loads before the test modules).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
@@ -15,9 +26,9 @@ def token_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("copus-cache")
 
 
-@pytest.fixture
-def base_mapping(tmp_path, token_cache) -> dict:
-    """A small valid experiment (2 data-parallel CPU workers) as a raw YAML mapping."""
+def experiment_mapping(tmp: Path, token_cache: Path) -> dict:
+    """A small valid experiment (2 data-parallel CPU workers) as a raw YAML mapping, its
+    output and MLflow database under `tmp`."""
     return copy.deepcopy(
         {
             "name": "test",
@@ -29,7 +40,13 @@ def base_mapping(tmp_path, token_cache) -> dict:
             "eval": {"every_steps": 3, "val_samples": 8},
             "checkpoint": {"every_steps": 3},
             "cluster": {"num_workers": 2},
-            "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "tests"},
-            "output_dir": str(tmp_path / "out"),
+            "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "tests"},
+            "output_dir": str(tmp / "out"),
         }
     )
+
+
+@pytest.fixture
+def base_mapping(tmp_path, token_cache) -> dict:
+    """A small valid experiment (2 data-parallel CPU workers) as a raw YAML mapping."""
+    return experiment_mapping(tmp_path, token_cache)

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from copus.cluster.driver import measure_experiment_gns, run_experiment
 from copus.config import config_from_mapping
+from tests.conftest import experiment_mapping
 
 pytestmark = pytest.mark.slow
 
@@ -19,24 +20,45 @@ def _history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
-def test_relaunch_resumes_with_the_same_next_loss(base_mapping, tmp_path):
+@pytest.fixture(scope="module")
+def relaunched(token_cache, tmp_path_factory) -> dict:
+    """A 6-step run, and the same run cut at step 3 and relaunched. The cut's first launch (3
+    steps, dp = 2) is also the reference of the 3D test: one Ray run fewer."""
+    tmp = tmp_path_factory.mktemp("relaunch")
+    mapping = experiment_mapping(tmp, token_cache)
     messages: list[str] = []
-    whole_cfg = config_from_mapping(base_mapping, [f"output_dir={tmp_path / 'whole'}", "tracking.run_name=whole"])
+    whole_cfg = config_from_mapping(mapping, [f"output_dir={tmp / 'whole'}", "tracking.run_name=whole"])
     whole = run_experiment(whole_cfg, echo=messages.append)
-
-    cut_dir = tmp_path / "cut"
+    cut_dir = tmp / "cut"
     first = run_experiment(
-        config_from_mapping(base_mapping, [f"output_dir={cut_dir}", "stop.max_steps=3"]), echo=messages.append
+        config_from_mapping(mapping, [f"output_dir={cut_dir}", "stop.max_steps=3"]), echo=messages.append
     )
+    client = MlflowClient(tracking_uri=whole_cfg.resolved_tracking_uri())
+    first_loss = _history(client, first["mlflow_run_id"], "train_loss")  # before the relaunch adds to the run
+    resumed = run_experiment(config_from_mapping(mapping, [f"output_dir={cut_dir}"]), echo=messages.append)
+    return {
+        "tmp": tmp,
+        "mapping": mapping,
+        "client": client,
+        "messages": messages,
+        "whole": whole,
+        "first": first,
+        "first_loss": first_loss,
+        "resumed": resumed,
+        "cut_dir": cut_dir,
+    }
+
+
+def test_relaunch_resumes_with_the_same_next_loss(relaunched):
+    whole, first, resumed, cut_dir = (relaunched[k] for k in ("whole", "first", "resumed", "cut_dir"))
     assert first["steps"] == 3 and first["stop_reason"] == "max_steps"
-    resumed = run_experiment(config_from_mapping(base_mapping, [f"output_dir={cut_dir}"]), echo=messages.append)
-    assert any(m.startswith(f"resuming run in {cut_dir}") for m in messages)
+    assert any(m.startswith(f"resuming run in {cut_dir}") for m in relaunched["messages"])
 
     # Same MLflow run across the relaunch, and the same numbers as the uninterrupted run.
     assert resumed["mlflow_run_id"] == first["mlflow_run_id"] != whole["mlflow_run_id"]
     assert resumed["launches"] == 2 and resumed["steps"] == whole["steps"] == 6
     assert resumed["samples"] == whole["samples"] == 48
-    client = MlflowClient(tracking_uri=whole_cfg.resolved_tracking_uri())
+    client = relaunched["client"]
     whole_loss = _history(client, whole["mlflow_run_id"], "train_loss")
     cut_loss = _history(client, resumed["mlflow_run_id"], "train_loss")
     assert sorted(cut_loss) == sorted(whole_loss) == [1, 2, 3, 4, 5, 6]
@@ -113,21 +135,26 @@ def test_mlflow_run_content_and_time_to_target(base_mapping, tmp_path, monkeypat
     assert sorted(steps) == [s for s in range(1, summary["steps"] + 1) if s != 2]  # step 2 made no update
 
 
-def test_3d_layout_on_eight_ray_workers_matches_data_parallel(base_mapping, tmp_path):
-    """dp=2 x tp=2 x pp=2 on 8 Ray workers trains the same numbers as dp=2 alone."""
-    common = ["stop.max_steps=3", "eval.every_steps=3"]
-    flat = run_experiment(
-        config_from_mapping(base_mapping, common + [f"output_dir={tmp_path / 'dp'}"]), echo=lambda _: None
-    )
+def test_3d_layout_on_eight_ray_workers_matches_data_parallel(relaunched):
+    """dp=2 x tp=2 x pp=2 on 8 Ray workers trains the same numbers as dp=2 alone (the first
+    launch of the relaunch test: 3 steps, an eval at step 3, in the same MLflow database)."""
+    flat = relaunched["first"]
     cfg3d = config_from_mapping(
-        base_mapping,
-        common + [f"output_dir={tmp_path / '3d'}", "parallel.tp=2", "parallel.pp=2", "cluster.num_workers=8"],
+        relaunched["mapping"],
+        [
+            "stop.max_steps=3",
+            "eval.every_steps=3",
+            f"output_dir={relaunched['tmp'] / '3d'}",
+            "parallel.tp=2",
+            "parallel.pp=2",
+            "cluster.num_workers=8",
+        ],
     )
     three_d = run_experiment(cfg3d, echo=lambda _: None)
     client = MlflowClient(tracking_uri=cfg3d.resolved_tracking_uri())
-    flat_loss = _history(client, flat["mlflow_run_id"], "train_loss")
+    flat_loss = relaunched["first_loss"]
     loss_3d = _history(client, three_d["mlflow_run_id"], "train_loss")
-    assert sorted(loss_3d) == [1, 2, 3]
+    assert sorted(loss_3d) == sorted(flat_loss) == [1, 2, 3]
     for step, value in flat_loss.items():
         assert loss_3d[step] == pytest.approx(value, rel=1e-4), step
     assert three_d["final_val_loss"] == pytest.approx(flat["final_val_loss"], rel=1e-4)

@@ -23,7 +23,7 @@ from copus.parallel.gns_probe import GradNormProbe
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
 from copus.train.engine import ParallelModel
 from copus.train.reshard_in_place import reshard_in_place
-from tests.train.loop_helpers import small_plan, spawn
+from tests.train.loop_helpers import RunsByWorld, small_plan, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -108,12 +108,27 @@ def train(
     return {"records": records, "params": params}
 
 
-def run(plan, configs: dict[int, CandidateConfig], steps: int = STEPS, start: int = 0, ckpt: Path | None = None):
-    ranks = spawn(configs[start].world_size, train, plan, configs, steps, start, ckpt)
-    params: dict = {}
-    for r in ranks:  # pipeline stages each hold their own layers
-        params.update(r["params"])
-    return ranks[0]["records"], params
+def train_each(plan, jobs: list[tuple]) -> list[dict]:
+    return [train(plan, *job) for job in jobs]
+
+
+def run_each(plan, world: int, jobs: list[tuple]) -> list[tuple[list[dict], dict]]:
+    """Jobs (configs, steps, start, ckpt) one after another on one set of `world` ranks; each
+    job's rank 0 records and full parameters. A job that loads a checkpoint first gets the
+    rank directories its saving job wrote (in ckpt's sibling `ranks`) merged into ckpt, as Ray
+    Train does in storage."""
+    for _, _, start, ckpt in jobs:
+        if start and not ckpt.exists():
+            for rank_dir in sorted((ckpt.parent / "ranks").iterdir()):
+                shutil.copytree(rank_dir, ckpt, dirs_exist_ok=True)
+    ranks = spawn(world, train_each, plan, jobs)
+    out = []
+    for i in range(len(jobs)):
+        params: dict = {}
+        for r in ranks:  # pipeline stages each hold their own layers
+            params.update(r[i]["params"])
+        out.append((ranks[0][i]["records"], params))
+    return out
 
 
 def cfg(dp=1, tp=1, pp=1, dp_shard="none", recompute="none") -> CandidateConfig:
@@ -125,16 +140,49 @@ def plan(token_cache):
     return small_plan(token_cache)
 
 
-@pytest.fixture(scope="module")
-def reference(plan):
-    """One process, no process group."""
-    return run(plan, {0: cfg()})
+SHARDED = [cfg(dp=2, dp_shard="full"), cfg(dp=2, dp_shard="optimizer")]
+COMPOSED = [
+    cfg(dp=2, tp=2, dp_shard="full", recompute="selective"),
+    cfg(dp=2, pp=2, dp_shard="optimizer", recompute="full"),
+    cfg(dp=2, pp=2, dp_shard="full"),
+]
+IN_PLACE = {
+    0: cfg(dp=2, dp_shard="full"),
+    1: cfg(tp=2),  # sharded -> unsharded (and tensor-parallel)
+    2: cfg(dp=2, dp_shard="optimizer", recompute="selective"),  # and back
+}
+CHECKPOINTS = [(cfg(dp=2, dp_shard="full"), cfg()), (cfg(), cfg(dp=2, dp_shard="optimizer"))]
 
 
 @pytest.fixture(scope="module")
-def dp2_unsharded(plan):
-    """dp = 2 unsharded, the overlapped all-reduce: the GNS probe's numbers to match."""
-    return run(plan, {0: cfg(dp=2)})
+def runs(plan, tmp_path_factory) -> RunsByWorld:
+    """Every run of this module, by what it is for, started a world size at a time."""
+    runs = RunsByWorld(lambda world, jobs: run_each(plan, world, jobs))
+
+    def add(key, configs, steps=STEPS, start=0, ckpt=None, source=None):
+        runs.add(key, configs[start].world_size, (configs, steps, start, ckpt), source)
+
+    add("reference", {0: cfg()})  # one process, no process group
+    add("dp2", {0: cfg(dp=2)})  # dp = 2 unsharded, the overlapped all-reduce: the GNS probe's numbers to match
+    for config in SHARDED + COMPOSED:
+        add(config, {0: config})
+    add("selective", {0: cfg(recompute="selective")})
+    add("in-place", IN_PLACE)
+    for i, (saved, loaded) in enumerate(CHECKPOINTS):
+        root = tmp_path_factory.mktemp("checkpoint")
+        add(("saved", i), {0: saved}, steps=STEPS - 1, ckpt=root / "ranks")
+        add(("loaded", i), {STEPS - 1: loaded}, start=STEPS - 1, ckpt=root / "ckpt", source=("saved", i))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
+    return runs["reference"]
+
+
+@pytest.fixture(scope="module")
+def dp2_unsharded(runs):
+    return runs["dp2"]
 
 
 def assert_matches(reference, records, params, start: int = 0) -> None:
@@ -160,55 +208,34 @@ def test_overlapped_all_reduce_matches_one_process_and_overlaps_backward(referen
     assert all(r["overlapped"] >= 2 for r in records)  # buckets all-reduced while backward ran
 
 
-SHARDED = [cfg(dp=2, dp_shard="full"), cfg(dp=2, dp_shard="optimizer")]
-
-
 @pytest.mark.parametrize("config", SHARDED, ids=lambda c: c.dp_shard)
-def test_sharded_data_parallel_matches_one_process_with_the_same_gns(plan, reference, dp2_unsharded, config):
-    records, params = run(plan, {0: config})
+def test_sharded_data_parallel_matches_one_process_with_the_same_gns(runs, reference, dp2_unsharded, config):
+    records, params = runs[config]
     assert_matches(reference, records, params)
     assert_same_gns(records, dp2_unsharded[0])
-
-
-COMPOSED = [
-    cfg(dp=2, tp=2, dp_shard="full", recompute="selective"),
-    cfg(dp=2, pp=2, dp_shard="optimizer", recompute="full"),
-    cfg(dp=2, pp=2, dp_shard="full"),
-]
 
 
 @pytest.mark.parametrize("config", COMPOSED, ids=lambda c: c.label().replace(" ", "-"))
-def test_sharding_composes_with_tensor_and_pipeline_parallelism(plan, reference, dp2_unsharded, config):
-    records, params = run(plan, {0: config})
+def test_sharding_composes_with_tensor_and_pipeline_parallelism(runs, reference, dp2_unsharded, config):
+    records, params = runs[config]
     assert_matches(reference, records, params)
     assert_same_gns(records, dp2_unsharded[0])
 
 
-def test_selective_recomputation_changes_no_number(plan, reference):
+def test_selective_recomputation_changes_no_number(runs, reference):
     """One process (full recomputation runs in the pipeline case above)."""
-    records, params = run(plan, {0: cfg(recompute="selective")})
+    records, params = runs["selective"]
     assert_matches(reference, records, params)
 
 
-def test_in_place_changes_move_sharded_state_to_unsharded_layouts_and_back(plan, reference):
-    configs = {
-        0: cfg(dp=2, dp_shard="full"),
-        1: cfg(tp=2),  # sharded -> unsharded (and tensor-parallel)
-        2: cfg(dp=2, dp_shard="optimizer", recompute="selective"),  # and back
-    }
-    records, params = run(plan, configs)
+def test_in_place_changes_move_sharded_state_to_unsharded_layouts_and_back(runs, reference):
+    records, params = runs["in-place"]
     assert_matches(reference, records, params)
 
 
-CHECKPOINTS = [(cfg(dp=2, dp_shard="full"), cfg()), (cfg(), cfg(dp=2, dp_shard="optimizer"))]
-
-
-@pytest.mark.parametrize("saved,loaded", CHECKPOINTS, ids=["full-to-one-process", "one-process-to-optimizer"])
-def test_a_checkpoint_loads_across_sharding_modes(plan, reference, tmp_path, saved, loaded):
-    run(plan, {0: saved}, steps=STEPS - 1, ckpt=tmp_path / "ranks")
-    for rank_dir in sorted((tmp_path / "ranks").iterdir()):  # merged, as Ray Train does in storage
-        shutil.copytree(rank_dir, tmp_path / "ckpt", dirs_exist_ok=True)
-    records, params = run(plan, {STEPS - 1: loaded}, start=STEPS - 1, ckpt=tmp_path / "ckpt")
+@pytest.mark.parametrize("case", range(len(CHECKPOINTS)), ids=["full-to-one-process", "one-process-to-optimizer"])
+def test_a_checkpoint_loads_across_sharding_modes(runs, reference, case):
+    records, params = runs[("loaded", case)]
     assert_matches(reference, records, params, start=STEPS - 1)  # model and AdamW state both moved
 
 
