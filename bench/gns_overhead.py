@@ -3,6 +3,9 @@ the same run (rounds alternate probe off / on, so machine noise hits both alike)
 
     .venv/bin/python bench/gns_overhead.py
     .venv/bin/python bench/gns_overhead.py --layouts 1,1,1 2,1,1 --rounds 3
+    .venv/bin/python bench/gns_overhead.py --smoke     # one layout of 2 ranks, one round
+
+The last line reads `worst probe overhead: +X%`.
 
 The quickstart workload (tiny, seq 128), GBS 32, MBS 4, gloo processes on this machine.
 """
@@ -15,6 +18,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from smoke import parse_args
 
 from copus.parallel.dims import ParallelDims
 from copus.train.engine import ParallelModel
@@ -56,7 +60,7 @@ def _measure(layout, args) -> dict:
     return {"off": statistics.median(off), "on": statistics.median(on)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -65,7 +69,8 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=["1,1,1", "2,1,1", "1,2,1", "1,1,2", "2,2,1"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
+    smoke = {"model": "debug", "seq_len": 32, "gbs": 8, "mbs": 2, "layouts": ["2,1,1"], "rounds": 1, "steps": 1}
+    args = parse_args(parser, smoke, argv)
     print(
         f"{args.model} seq {args.seq_len}, gbs {args.gbs}, mbs {args.mbs}; median step time of "
         f"{args.rounds} x {args.steps} steps each way, rounds alternating"

@@ -6,12 +6,16 @@ Runs without Ray or MLflow (the worker loop does not import them), so it works o
 machine with torch and accelerate:
 
     PYTHONPATH=platform:. python bench/gpu_check.py
+    PYTHONPATH=platform:. python bench/gpu_check.py --smoke   # a few steps each; on the CPU (gloo) without a GPU
 
-Prints one JSON object per check. Figures are measured in this run only.
+Prints one JSON object per check; the last is the resume check,
+`{"check": "resume-bf16", "resumed_steps": [...], "max_rel_loss_diff": X, "samples": N}`
+(`resume-fp32` where there is no GPU, as in smoke mode on a CPU). Figures are measured in this run only.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "platform"), str(Path(__file__).resolve().parents[1])]
+
+from smoke import parse_args  # noqa: E402
 
 from copus.core.layout import CandidateConfig  # noqa: E402
 from copus.core.schedule import LRSchedule  # noqa: E402
@@ -38,51 +44,75 @@ def _run(plan: WorkerPlan, ckpt: Path, resume: int | None = None) -> tuple[list[
     return records, final, time.perf_counter() - t
 
 
-def main() -> None:
-    assert torch.cuda.is_available(), "no CUDA device"
-    os.environ.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29533",
-            "RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-        }
-    )
-    dist.init_process_group("nccl", rank=0, world_size=1)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="steps of each training check")
+    parser.add_argument("--gbs", type=int, default=64)
+    args = parse_args(parser, {"steps": 4, "gbs": 8}, argv)
+    gpu = torch.cuda.is_available()
+    if not gpu and not args.smoke:
+        raise SystemExit("bench/gpu_check.py: no CUDA device (--smoke runs the same checks on the CPU)")
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    store = Path(tempfile.mkdtemp(prefix="copus-gpu-check-")) / "store"  # no fixed port to collide on
+    dist.init_process_group("nccl" if gpu else "gloo", init_method=f"file://{store}", rank=0, world_size=1)
     files = prepare_dataset("stdlib", None, None, "text", "uint16", 0.01, 256, tempfile.mkdtemp())
-    base = WorkerPlan(
+    base = _base_plan(files, args.steps, args.gbs, gpu)
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+                "torch": torch.__version__,
+                "backend": dist.get_backend(),
+            }
+        ),
+        flush=True,
+    )
+    _training_checks(base, args.steps)
+    _resume_check(base)
+    dist.destroy_process_group()
+
+
+def _base_plan(files, steps: int, gbs: int, gpu: bool) -> WorkerPlan:
+    return WorkerPlan(
         model="tiny",
         seq_len=128,
         seed=0,
         train_tokens=str(files.train),
         val_tokens=str(files.val),
         token_dtype=files.dtype,
-        config=CandidateConfig(dp=1, tp=1, pp=1, mbs=16, gbs=64),
+        config=CandidateConfig(dp=1, tp=1, pp=1, mbs=min(16, gbs), gbs=gbs),
         lr=LRSchedule(3e-3, 16, warmup_samples=1280),
-        stop=StopRule(max_steps=300),
-        eval_every_steps=100,
-        val_samples=256,
+        stop=StopRule(max_steps=steps),
+        eval_every_steps=max(1, steps // 3),
+        val_samples=256 if gpu else 16,
         checkpoint_every_steps=1000,
-        use_gpu=True,
-        mixed_precision="bf16",
-    )
-    print(
-        json.dumps(
-            {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "backend": dist.get_backend()}
-        ),
-        flush=True,
+        use_gpu=gpu,
+        mixed_precision="bf16" if gpu else "no",
     )
 
+
+def _precision(plan: WorkerPlan) -> str:
+    return "bf16" if plan.mixed_precision == "bf16" else "fp32"
+
+
+def _training_checks(base: WorkerPlan, steps: int) -> None:
     for name, plan in (
-        ("tiny-bf16", base),
+        (f"tiny-{_precision(base)}", base),
         ("tiny-fp32", replace(base, mixed_precision="no")),
-        ("small-bf16-seq512", replace(base, model="small", seq_len=512, val_samples=128, stop=StopRule(max_steps=100))),
+        (
+            f"small-{_precision(base)}-seq512",
+            replace(
+                base,
+                model="small",
+                seq_len=512,
+                val_samples=min(128, base.val_samples),
+                stop=StopRule(max_steps=max(1, steps // 3)),
+            ),
+        ),
     ):
         records, final, seconds = _run(plan, Path(tempfile.mkdtemp()))
-        steps = [r for r in records if r["kind"] == "step"]
-        rates = sorted(r["samples_per_s"] for r in steps[len(steps) // 2 :])
+        step_records = [r for r in records if r["kind"] == "step"]
+        rates = sorted(r["samples_per_s"] for r in step_records[len(step_records) // 2 :])
         vals = [r["val_loss"] for r in records if r["kind"] == "eval"]
         print(
             json.dumps(
@@ -93,14 +123,16 @@ def main() -> None:
                     "val_loss_last": vals[-1],
                     "median_samples_per_s": rates[len(rates) // 2],
                     "seconds": round(seconds, 1),
-                    "b_noise": steps[-1].get("b_noise"),
-                    "statistical_efficiency": steps[-1].get("statistical_efficiency"),
+                    "b_noise": step_records[-1].get("b_noise"),
+                    "statistical_efficiency": step_records[-1].get("statistical_efficiency"),
                 }
             ),
             flush=True,
         )
 
-    # Exact resume on the GPU: 6 steps in one go versus 3 + resume to 6.
+
+def _resume_check(base: WorkerPlan) -> None:
+    """Exact resume on the device: 6 steps in one go versus 3 + resume to 6."""
     plan = replace(base, stop=StopRule(max_steps=6), checkpoint_every_steps=3, eval_every_steps=3)
     ref, _, _ = _run(plan, Path(tempfile.mkdtemp()))
     cut = Path(tempfile.mkdtemp())
@@ -112,7 +144,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "check": "resume-bf16",
+                "check": f"resume-{_precision(base)}",
                 "resumed_steps": sorted(res_loss),
                 "max_rel_loss_diff": worst,
                 "samples": final["samples"],
@@ -120,7 +152,6 @@ def main() -> None:
         ),
         flush=True,
     )
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ parameter bytes it holds (exactly what it reads from the files) and how much its
 resident memory grew while loading.
 
     .venv/bin/python bench/hf_load.py            # needs transformers (the test extra)
+    .venv/bin/python bench/hf_load.py --smoke    # a ~1 M-parameter model, layouts (1,1,1) and (1,1,2)
+
+The last line reads `layout dpD-tpT-ppP: per rank held ... MB (= bytes read), peak RSS growth ...`
+for the last layout.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench` run from
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from smoke import parse_args  # noqa: E402
 
 from copus.parallel.dims import ParallelDims  # noqa: E402
 from copus.parallel.redistribute import local_tensor  # noqa: E402
@@ -29,19 +34,14 @@ from copus.train.engine import ParallelModel  # noqa: E402
 from copus.train.local import run_on_gloo_ranks  # noqa: E402
 from workloads.hf_config import flavour_from_config  # noqa: E402
 
+FULL = {"hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1536, "vocab_size": 16000}
+SMOKE = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 512}
 
-def save_model(directory: Path) -> int:
+
+def save_model(directory: Path, sizes: dict) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=512,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        num_hidden_layers=8,
-        intermediate_size=1536,
-        vocab_size=16000,
-        tie_word_embeddings=False,
-    )
+    config = LlamaConfig(num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False, **sizes)
     model = LlamaForCausalLM(config)
     model.save_pretrained(directory, max_shard_size="20MB")
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -90,12 +90,12 @@ def load_on_rank(layout: tuple, directory: str) -> dict:
     return {"held": held, "peak_growth": grown, "peak_growth_anon": grown_anon, "seconds": seconds}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", default="1,1,1;1,2,2;2,2,2", help="dp,tp,pp;... (default: %(default)s)")
-    args = parser.parse_args()
+    args = parse_args(parser, {"layouts": "1,1,1;1,1,2"}, argv)
     with tempfile.TemporaryDirectory(prefix="copus-hf-load-") as tmp:
-        whole = save_model(Path(tmp))
+        whole = save_model(Path(tmp), SMOKE if args.smoke else FULL)
         shards = len(list(Path(tmp).glob("*.safetensors")))
         print(f"model: {whole / 1e6:.1f} MB of float32 parameters in {shards} safetensors shards")
         for text in args.layouts.split(";"):

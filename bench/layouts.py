@@ -9,11 +9,13 @@ do in training. These figures feed the throughput model (issue 5).
     .venv/bin/python bench/layouts.py                       # 4 and 8 workers, GBS 32/64, MBS 2/4/8
     .venv/bin/python bench/layouts.py --workers 4 --gbs 16 32 --mbs 4 --steps 3
     .venv/bin/python bench/layouts.py --json runs/layouts.json
+    .venv/bin/python bench/layouts.py --smoke               # 2 workers, one shape, one step: checks it runs
     .venv/bin/python bench/layouts.py --workers 4 --gbs 32 --mbs 4 --dp-shard none optimizer full \\
         --recompute none selective full                     # with sharding and recomputation
 
 All figures come from one run; on a 2-core machine 8 processes oversubscribe the cores, so
-compare layouts within a world size, not across machines.
+compare layouts within a world size, not across machines. The last line reads
+`best of N workers: LAYOUT gbs G mbs M: X samples/s` for the last world size.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from smoke import parse_args
 
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES
 from copus.core.search import valid_layouts
@@ -84,7 +87,7 @@ def _label(row: dict) -> str:
     return f"dp{row['dp']} tp{row['tp']} pp{row['pp']}{knobs}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -96,7 +99,8 @@ def main() -> None:
     parser.add_argument("--dp-shard", nargs="+", default=["none"], choices=DP_SHARD_MODES, help="sharding modes")
     parser.add_argument("--recompute", nargs="+", default=["none"], choices=RECOMPUTE_MODES, help="recomputation")
     parser.add_argument("--json", help="also write all rows to this file")
-    args = parser.parse_args()
+    smoke = {"model": "debug", "seq_len": 32, "workers": [2], "gbs": [8], "mbs": [2], "warmup": 0, "steps": 1}
+    args = parse_args(parser, smoke, argv)
     flavour = FLAVOURS[args.model]
     all_rows = []
     print(

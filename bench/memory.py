@@ -4,6 +4,7 @@ same layout and batch shape without sharded data parallelism and recomputation: 
 knobs buy, and whether the layout could run without them.
 
     .venv/bin/python bench/memory.py
+    .venv/bin/python bench/memory.py --smoke     # one paper setting
 
 The last line is one JSON object: {"rows": [{setting, gbs, config, gib_per_rank,
 gib_unsharded_no_recompute, fits_unsharded_no_recompute, device_gib}, ...]}.
@@ -11,9 +12,12 @@ gib_unsharded_no_recompute, fits_unsharded_no_recompute, device_gib}, ...]}.
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+
+from smoke import parse_args
 
 from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, config_bytes
@@ -42,9 +46,12 @@ def _row(name: str, s, best: dict) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", type=Path, nargs="+", default=SETTINGS, help="simulation YAMLs")
+    args = parse_args(parser, {"settings": SETTINGS[:1]}, argv)
     rows = []
-    for path in SETTINGS:
+    for path in args.settings:
         s = setting_from(load_sim_config(path))
         by_gbs = best_layout_by_gbs(s)
         for best in (by_gbs[0], by_gbs[-1]):

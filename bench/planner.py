@@ -5,14 +5,19 @@ the median and worst time of one decision (all candidates scored by goodput, bes
 hysteresis and restart-cost rule applied) over a sweep of noise scales.
 
     .venv/bin/python bench/planner.py
+    .venv/bin/python bench/planner.py --smoke    # 8 GPUs, 20 decisions
+
+The last line reads `enumerate + score + decide from scratch: X ms`.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 import numpy as np
+from smoke import parse_args
 
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES
 from copus.core.planner import Planner, SwitchCosts
@@ -21,11 +26,15 @@ from copus.core.throughput import StepTimeModel, StepTimeParams
 from workloads.flavours import FLAVOURS
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=32)
+    parser.add_argument("--decisions", type=int, default=400)
+    args = parse_args(parser, {"gpus": 8, "decisions": 20}, argv)
     shape = FLAVOURS["llama-2-13b"].shape()
     t = time.perf_counter()
     cands = candidates(
-        valid_layouts(32, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape, DP_SHARD_MODES, RECOMPUTE_MODES
+        valid_layouts(args.gpus, shape), [1, 2, 4, 8], gbs_grid(32, 4096), shape, DP_SHARD_MODES, RECOMPUTE_MODES
     )
     enumerate_s = time.perf_counter() - t
     model = StepTimeModel(
@@ -39,13 +48,13 @@ def main() -> None:
     build_s = time.perf_counter() - t
     times = []
     current = cands[0]
-    for b_noise in np.geomspace(1, 10_000, 400):
+    for b_noise in np.geomspace(1, 10_000, args.decisions):
         t = time.perf_counter()
         d = planner.decide(current, float(b_noise), interval_s=300, costs=SwitchCosts(60.0, 60.0))
         times.append(time.perf_counter() - t)
         current = d.target
     print(
-        f"32-GPU search space: {len(cands)} candidates ({len(valid_layouts(32, shape))} layouts x MBS x GBS x "
+        f"{args.gpus}-GPU search space: {len(cands)} candidates ({len(valid_layouts(args.gpus, shape))} layouts x MBS x GBS x "
         f"{len(DP_SHARD_MODES)} sharding x {len(RECOMPUTE_MODES)} recomputation modes)"
     )
     print(f"enumerate {enumerate_s * 1e3:.1f} ms, score throughputs once {build_s * 1e3:.1f} ms")

@@ -5,6 +5,10 @@ layout, loads: what checkpoint-and-restart does minus the restart itself).
 
     .venv/bin/python bench/reshard.py                  # the small model on 4 and 8 ranks, about 2 minutes
     .venv/bin/python bench/reshard.py --model tiny --workers 8
+    .venv/bin/python bench/reshard.py --smoke          # the debug model on 4 ranks, one round
+
+The last line reads `N ranks: in place X s (... MiB moved between ranks), through DCP on disk Y s: Zx`
+for the last world size.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from smoke import parse_args
 
 from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
@@ -94,12 +99,12 @@ def _measure(model_name: str, world: int, rounds: int, root: str) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small")
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_args(parser, {"model": "debug", "workers": [4], "rounds": 1}, argv)
     params = FLAVOURS[args.model].param_count()
     print(
         f"{args.model}: {params / 1e6:.1f} M parameters, {params * 12 / 2**20:.0f} MiB of fp32 weights and AdamW state"

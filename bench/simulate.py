@@ -4,6 +4,9 @@ setting's target loss, every policy, step by step (target: under 10 s on this ma
     .venv/bin/python bench/simulate.py
     .venv/bin/python bench/simulate.py --setting experiments/sim/paper_llama-2-7b_4x8-mi210.yaml
     .venv/bin/python bench/simulate.py --set estimate.mapping_error=4 --set estimate.noise=0.3
+    .venv/bin/python bench/simulate.py --smoke     # the static policy alone
+
+The last line reads `full simulated comparison: X s wall-clock`.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from smoke import parse_args
+
 from copus.core.simulator import search_space, simulate
 from copus.sim.config import load_sim_config, setting_from
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", default="experiments/sim/paper_qwen-2.5-32b_4x8-h100.yaml")
     parser.add_argument(
@@ -26,7 +31,9 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="override a field of the simulation YAML (repeatable), as copus simulate --set",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, {}, argv)
+    if args.smoke:
+        args.overrides = [*args.overrides, "policies=[static]"]
     cfg = load_sim_config(args.setting, args.overrides)
     t0 = time.perf_counter()
     setting = setting_from(cfg)

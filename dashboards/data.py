@@ -4,13 +4,20 @@ calibrations (`copus calibrate`, calibration-<id>.json) of a profile directory, 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from mlflow.tracking import MlflowClient
 
-from copus.storage import Location
+from copus.cluster.profile_table import table_problem
+from copus.core.calibration import calibration_problem
+from copus.core.reconfiguration import Reconfiguration
+from copus.storage import Location, first_line, local_path
 
 SERIES = (
     "val_loss",
@@ -55,15 +62,24 @@ class RunSeries:
         return xs, ys
 
 
-def audited_changes(run: RunSeries) -> list[dict]:
-    """The run's changes of GBS that summary.json audits (`copus.core.audit`): each carries
-    `predicted_efficiency_gain` (the controller's SE(new)/SE(old)) and `realized_efficiency_gain`
-    (progress per sample after/before at matched loss), either possibly None."""
-    return [
-        r
-        for r in run.summary.get("reconfigurations") or []
-        if "realized_efficiency_gain" in r and (r.get("from") or {}).get("gbs") != (r.get("to") or {}).get("gbs")
-    ]
+def changes(run: RunSeries) -> list[Reconfiguration]:
+    """The run's reconfigurations as its summary.json lists them; an entry that is no
+    reconfiguration (a summary written by hand, or cut short) is left out."""
+    out = []
+    for entry in run.summary.get("reconfigurations") or []:
+        try:
+            out.append(Reconfiguration.from_dict(entry))
+        except (KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def audited_changes(run: RunSeries) -> list[Reconfiguration]:
+    """The run's changes of GBS that summary.json audits (`copus.core.audit`): each one's audit
+    carries `predicted_efficiency_gain` (the controller's SE(new)/SE(old)) and
+    `realized_efficiency_gain` (progress per sample after/before at matched loss), either
+    possibly None."""
+    return [c for c in changes(run) if c.audit is not None and c.changes_gbs]
 
 
 @dataclass
@@ -95,12 +111,9 @@ def load_calibration(path: Path | Location) -> dict:
         data = Location.parse(path).read_json()
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportError(f"{path}: not a readable calibration file ({type(err).__name__})") from None
-    if (
-        not isinstance(data, dict)
-        or (data.get("key") or {}).get("kind") != "calibration"
-        or not isinstance(data.get("branch_points"), list)
-    ):
-        raise ReportError(f"{path}: not a calibration file (no key.kind 'calibration' and branch_points)")
+    problem = calibration_problem(data)
+    if problem:
+        raise ReportError(f"{path}: not a calibration file ({problem})")
     return {**data, "path": str(path)}
 
 
@@ -129,54 +142,110 @@ def profiles_in(directory: Location) -> list[dict]:
             table = path.read_json()
         except (OSError, ValueError):
             continue
-        if isinstance(table, dict) and isinstance(table.get("rows"), list):
+        if table_problem(table) is None:
             found.append(table)
     return found
 
 
+# What MLflow names a run: uuid4().hex.
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
 def output_location(source: str) -> Location | None:
     """`source` as a location when it names one (a URI, or a path that exists), else None: an
-    MLflow run id."""
-    return Location.parse(source) if "://" in source or Path(source).exists() else None
+    MLflow run id. StorageError for a path that cannot name a file (too long, a symlink loop)."""
+    return Location.parse(source) if "://" in source or local_path(source).exists() else None
+
+
+def _pointer(file: Location, run_key: str) -> dict:
+    """comparison.json or summary.json: the MLflow run it points at must be named in it
+    (`mlflow_tracking_uri` and `run_key`); ReportError naming the file when it is not."""
+    try:
+        data = file.read_json()
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ReportError(f"{file}: not readable JSON ({type(err).__name__})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("mlflow_tracking_uri", run_key)):
+        raise ReportError(f"{file}: not a copus {file.name} (no mlflow_tracking_uri and {run_key})")
+    return data
+
+
+def _run_source(source: str, path: Location | None, tracking_uri: str | None) -> tuple[dict | None, str, str]:
+    """(comparison or None, tracking URI, run id) of what `source` names."""
+    if path is not None and path.is_dir():
+        if (path / "comparison.json").is_file():
+            comparison = _pointer(path / "comparison.json", "mlflow_parent_run_id")
+            return comparison, comparison["mlflow_tracking_uri"], comparison["mlflow_parent_run_id"]
+        if (path / "summary.json").is_file():
+            summary = _pointer(path / "summary.json", "mlflow_run_id")
+            return None, summary["mlflow_tracking_uri"], summary["mlflow_run_id"]
+        raise ReportError(f"{path}: no comparison.json or summary.json (not a copus output directory)")
+    if path is not None or not RUN_ID.fullmatch(source):
+        raise ReportError(f"{source}: no such output directory or calibration file, and not an MLflow run id")
+    return None, tracking_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}", source
+
+
+def tracking_client(uri: str, source: str) -> MlflowClient:
+    """A client that only reads: a SQLite database that is not there is refused, where MLflow
+    would create an empty one (in the current directory, for the default URI)."""
+    if not uri.strip():  # MLflow would take the default: a new database in the current directory
+        raise ReportError(f"{source}: no MLflow tracking URI")
+    if uri.startswith("sqlite:") and not (uri.startswith("sqlite:///") and Path(uri[len("sqlite:///") :]).is_file()):
+        raise ReportError(f"{source}: no MLflow database at {uri}")
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except Exception as err:  # MlflowException for a URI it does not serve (a file store, a typo)
+        raise ReportError(f"{source}: cannot open MLflow at {uri} ({first_line(err, 160)})") from None
+
+
+# A report reads a few things once: an MLflow server that does not answer fails it in seconds
+# (MLflow's own default retries an unreachable server for minutes, with 120 s timeouts).
+BOUNDED_MLFLOW = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@contextlib.contextmanager
+def bounded_mlflow_requests() -> Iterator[None]:
+    """MLflow's HTTP requests bounded while a report reads (the user's own settings win)."""
+    saved = {k: os.environ.get(k) for k in BOUNDED_MLFLOW}
+    os.environ.update({k: v for k, v in BOUNDED_MLFLOW.items() if saved[k] is None})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
+def _runs_of(client: MlflowClient, parent, comparison: dict | None) -> tuple[str, list[RunSeries], dict | None]:
+    """The report's title and runs: a comparison's children (and its comparison.json when the
+    folder did not hold one), or the run itself."""
+    run_id = parent.info.run_id
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", order_by=["attributes.start_time ASC"]
+    )
+    if not children:
+        runs = [_load_run(client, run_id)]
+        return runs[0].name, runs, comparison
+    if comparison is None:
+        try:
+            comparison = json.loads(Path(client.download_artifacts(run_id, "comparison.json")).read_text())
+        except Exception:
+            comparison = None
+    return parent.info.run_name or run_id, [_load_run(client, c.info.run_id) for c in children], comparison
 
 
 def load(source: str, tracking_uri: str | None) -> ReportData:
     """`source`: an output directory (of `copus compare` or `copus run`; a path or an object-store
     URI) or an MLflow run id (a comparison's parent run, or a single run)."""
     path = output_location(source)
-    comparison = None
+    comparison, tracking_uri, run_id = _run_source(source, path, tracking_uri)
     on_disk = path is not None and path.is_dir()
-    if on_disk:
-        if (path / "comparison.json").is_file():
-            comparison = (path / "comparison.json").read_json()
-            tracking_uri, run_id = comparison["mlflow_tracking_uri"], comparison["mlflow_parent_run_id"]
-        elif (path / "summary.json").is_file():
-            summary = (path / "summary.json").read_json()
-            tracking_uri, run_id = summary["mlflow_tracking_uri"], summary["mlflow_run_id"]
-        else:
-            raise ReportError(f"{path}: no comparison.json or summary.json (not a copus output directory)")
-    else:
-        run_id = source
-        tracking_uri = tracking_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        parent = client.get_run(run_id)
-    except Exception as err:
-        raise ReportError(f"{source}: no MLflow run {run_id} at {tracking_uri} ({type(err).__name__})") from None
-    children = client.search_runs(
-        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", order_by=["attributes.start_time ASC"]
-    )
-    if children:
-        if comparison is None:
-            try:
-                comparison = json.loads(Path(client.download_artifacts(run_id, "comparison.json")).read_text())
-            except Exception:
-                comparison = None
-        runs = [_load_run(client, c.info.run_id) for c in children]
-        title = parent.info.run_name or run_id
-    else:
-        runs = [_load_run(client, run_id)]
-        title = runs[0].name
+    client = tracking_client(tracking_uri, source)
+    with bounded_mlflow_requests():
+        try:
+            parent = client.get_run(run_id)
+        except Exception as err:
+            raise ReportError(f"{source}: no MLflow run {run_id} at {tracking_uri} ({type(err).__name__})") from None
+        title, runs, comparison = _runs_of(client, parent, comparison)
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)

@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
-from dashboards.data import ReportData, RunSeries, audited_changes  # noqa: E402
+from dashboards.data import ReportData, RunSeries, audited_changes, changes  # noqa: E402
 
 
 def _svg(fig) -> str:
@@ -29,8 +29,9 @@ def _label(run: RunSeries) -> str:
 
 
 def _reconfig_marks(ax, run: RunSeries, color) -> None:
-    for r in run.summary.get("reconfigurations", []):
-        ax.axvline(r["wall_clock_s"], color=color, linestyle=":" if r.get("in_place") else "--", linewidth=1, alpha=0.8)
+    for c in changes(run):
+        if c.wall_clock_s is not None:
+            ax.axvline(c.wall_clock_s, color=color, linestyle=":" if c.in_place else "--", linewidth=1, alpha=0.8)
 
 
 def _lines(ax, data: ReportData, key: str, step: bool = False, marks: bool = False) -> None:
@@ -121,34 +122,28 @@ def efficiency_audit(data: ReportData) -> str | None:
     (log-log, y = x: the prediction was right; the bars are the 95% interval of the realized
     gain). None when no change has both numbers."""
     points = [
-        (i, run, r)
+        (i, run, c.audit, f"{c.from_.gbs}->{c.to.gbs}")
         for i, run in enumerate(data.runs)
-        for r in audited_changes(run)
-        if (r.get("predicted_efficiency_gain") or 0) > 0 and (r.get("realized_efficiency_gain") or 0) > 0
+        for c in audited_changes(run)
+        if (c.audit.predicted_efficiency_gain or 0) > 0 and (c.audit.realized_efficiency_gain or 0) > 0
     ]
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6, 5))
     seen = set()
-    for i, run, r in points:
-        x, y = r["predicted_efficiency_gain"], r["realized_efficiency_gain"]
-        lo, hi = r.get("realized_efficiency_interval") or (y, y)
+    for i, run, a, gbs in points:
+        x, y = a.predicted_efficiency_gain, a.realized_efficiency_gain
+        lo, hi = a.realized_efficiency_interval or (y, y)
         label = None if i in seen else _label(run)
         seen.add(i)
         ax.errorbar(
             [x], [y], yerr=[[max(y - lo, 0.0)], [max(hi - y, 0.0)]], fmt="o", color=f"C{i % 10}", capsize=3, label=label
         )
-        ax.annotate(
-            f"{r['from']['gbs']}->{r['to']['gbs']}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8
-        )
+        ax.annotate(gbs, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     values = [
         v
-        for _, _, r in points
-        for v in (
-            r["predicted_efficiency_gain"],
-            r["realized_efficiency_gain"],
-            *(r.get("realized_efficiency_interval") or ()),
-        )
+        for _, _, a, _ in points
+        for v in (a.predicted_efficiency_gain, a.realized_efficiency_gain, *(a.realized_efficiency_interval or ()))
     ]
     lo, hi = min(values) / 1.3, max(values) * 1.3
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, linestyle="--", label="y = x")

@@ -11,13 +11,14 @@ how the test checks it in headless Chromium.
 from __future__ import annotations
 
 import html
+import os
 import time
 from pathlib import Path
 
 from copus.core.calibration import FIT_P_MIN
 from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
-from copus.storage import Location
+from copus.storage import Location, StorageError
 from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration, output_location
 from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
 
@@ -109,17 +110,17 @@ def audit_section(data: ReportData) -> str:
     table; empty when no run has an audited change."""
     rows = []
     for run in data.runs:
-        for r in audited_changes(run):
-            interval = r.get("realized_efficiency_interval")
+        for c in audited_changes(run):
+            audit, interval = c.audit, c.audit.realized_efficiency_interval
             rows.append(
                 [
                     run.policy if run.policy != "?" else run.name,
-                    str(r.get("step")),
-                    f"{r['from']['gbs']} -> {r['to']['gbs']}",
-                    _fmt(r.get("predicted_efficiency_gain"), ".3f"),
-                    _fmt(r.get("realized_efficiency_gain"), ".3f"),
+                    str(c.step),
+                    f"{c.from_.gbs} -> {c.to.gbs}",
+                    _fmt(audit.predicted_efficiency_gain, ".3f"),
+                    _fmt(audit.realized_efficiency_gain, ".3f"),
                     f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-",
-                    r.get("audit_note") or "",
+                    audit.audit_note or "",
                 ]
             )
     if not rows:
@@ -270,10 +271,25 @@ def render(data: ReportData) -> str:
     )
 
 
+def check_out(target: Location) -> None:
+    """--out must name a file that can be written: not a directory, not under a file."""
+    if target.is_dir():
+        raise ReportError(f"{target}: a directory; --out names the HTML file to write")
+    if not target.is_local:
+        return
+    parent = target.local_path().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportError(f"{target}: cannot be written ({parent} is not a writable directory)")
+
+
 def build_report(source: str, out: str | None = None, tracking_uri: str | None = None) -> Path | Location:
     """SOURCE: an output directory (a path or an object-store URI), an MLflow run id, or a
     calibration file (its report goes next to it, <stem>-report.html, unless `out` says otherwise).
     Returns where the report was written (a Path when that is local)."""
+    if out is not None:  # refused before anything is read
+        check_out(Location.parse(out))
     src = output_location(source)
     if source.partition("?")[0].endswith(".json") or (src is not None and src.is_file()):
         if src is None or not src.is_file():
@@ -285,5 +301,12 @@ def build_report(source: str, out: str | None = None, tracking_uri: str | None =
         on_disk = src is not None and src.is_dir()
         default = src / "report.html" if on_disk else Location.parse(Path("dashboards") / f"report-{source}.html")
     target = Location.parse(out) if out else default
-    target.write_text(page)
+    try:
+        target.write_text(page)
+    except IsADirectoryError:
+        raise ReportError(f"{target}: a directory; --out names the HTML file to write") from None
+    except OSError as err:  # StoreUnreachable is a StorageError: the command names it as it is
+        if isinstance(err, StorageError):
+            raise
+        raise ReportError(f"{target}: cannot be written ({err.strerror or err})") from None
     return target.local_path() if target.is_local else target

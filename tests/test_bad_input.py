@@ -105,7 +105,7 @@ CASES = [
     (
         "dataset-empty",
         {"workload.dataset": {"kind": "txt", "path": "{tmp}/empty.txt", "cache_dir": "{tmp}/cache"}},
-        "workload.dataset.path: the train split",
+        "{tmp}/empty.txt: no text: the train split has 0 tokens",
     ),
     (
         "dataset-too-small",

@@ -11,6 +11,7 @@ from copus.cluster.controller import Controller, ControllerSpec
 from copus.core.efficiency import adascale_gain, efficiency, statistical_efficiency
 from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
+from copus.records import ReconfigureRecord
 
 TABLE = (
     (CandidateConfig(2, 1, 1, 2, 8), 100.0),
@@ -59,34 +60,53 @@ def test_decides_once_per_interval_and_hands_the_decision_out_once():
     assert c.decision() is None and c.evaluations == []  # interval not over yet
     c.push(step(3, 11.5, start))
     d = c.decision()
-    assert CandidateConfig.from_dict(d["config"]) == CandidateConfig(1, 1, 2, 2, 16) and d["change"] == "layout"
+    assert d.config == CandidateConfig(1, 1, 2, 2, 16) and d.change == "layout" and d.way == "auto"
     assert c.decision() is None
     assert c.drain((None, 0))[1][0]["step"] == 1 and len(c.history) == 3
 
 
+def switched(c: Controller, a: CandidateConfig, b: CandidateConfig, at: float, downtime: float, **how) -> None:
+    """The records rank 0 sends for a switch from a to b at wall-clock `at`, the first step in b
+    starting `downtime` seconds later (its step takes 0.1 s): the controller measures it."""
+    how = {"in_place": True, **how}
+    c.push(ReconfigureRecord(step=1, samples=8, wall_clock_s=at, from_=a, to=b, **how).as_dict())
+    c.push({**step(2, at + downtime + 0.1, b), "step_time_s": 0.1})
+
+
 def test_switch_costs_are_learned_and_block_switches_that_cannot_repay_them():
     c = Controller(spec(reconfigure="restart"))
-    c.observed_downtime(9.5, in_place=False, kind="layout")
-    c.observed_downtime(0.001, in_place=True, kind="gbs")  # a GBS change says nothing about layout changes
-    assert c.restart_cost_s == 9.5 and c.in_place_cost_s == 5.0
     start = CandidateConfig(2, 1, 1, 2, 8)
+    pipeline, gbs16 = CandidateConfig(1, 1, 2, 2, 8), CandidateConfig(2, 1, 1, 2, 16)
+    switched(c, start, pipeline, 100.0, 9.5, in_place=False)
+    switched(c, pipeline, CandidateConfig(1, 1, 2, 2, 16), 200.0, 0.001)  # says nothing about layout changes
+    assert c.book.restart_cost_s == pytest.approx(9.5) and c.book.in_place_cost_s == 5.0
+    c.evaluations.clear()
+    c._interval_start = None
     c.push(step(1, 0.0, start))
     c.push(step(2, 10.0, start))
     # With a 9.5 s restart in a 10 s interval the pipeline cannot repay; GBS 16 in place can.
-    assert c.decision()["config"]["pp"] == 1 and c.evaluations[-1]["switch"]
+    assert c.decision().config == gbs16 and c.evaluations[-1]["switch"]
 
 
 def test_in_place_layout_changes_cost_what_was_measured_and_a_fallback_makes_later_ones_restart():
     c = Controller(spec(restart_cost_s=9.5))
-    c.observed_downtime(0.4, in_place=True, kind="layout")
-    assert c.costs().layout_s == 0.4 and c.costs().mbs_s == 0.0
-    start = CandidateConfig(2, 1, 1, 2, 8)
+    start, pipeline = CandidateConfig(2, 1, 1, 2, 8), CandidateConfig(1, 1, 2, 2, 16)
+    switched(c, pipeline, start, 100.0, 0.4)
+    assert c.costs().layout_s == pytest.approx(0.4) and c.costs().mbs_s == 0.0
+    c._interval_start = None
     c.push(step(1, 0.0, start))
     c.push(step(2, 10.0, start))
-    assert c.decision()["config"]["pp"] == 2  # the pipeline repays a 0.4 s in-place change
-    c.observed_downtime(9.5, in_place=False, kind="layout", fell_back=True)
-    assert c.reconfigure == "restart" and c.costs().layout_s == c.costs().mbs_s == 9.5
-    assert c.snapshot()["reconfigure"] == "restart"
+    order = c.decision()
+    assert order.config.pp == 2 and order.way == "auto"  # the pipeline repays a 0.4 s in-place change
+    # The in-place path failed: the controller learns it from the record, before the relaunch.
+    c.push(
+        ReconfigureRecord(
+            step=3, samples=24, wall_clock_s=11.0, from_=start, to=pipeline, in_place=False, fell_back="boom"
+        ).as_dict()
+    )
+    assert c.book.way == "restart" and c.costs().layout_s == c.costs().mbs_s == 9.5
+    c.push({**step(4, 20.6, pipeline), "step_time_s": 0.1})  # the relaunched group's first step
+    assert c.book.restart_cost_s == pytest.approx(9.5) and c.snapshot()["reconfigure"] == "restart"
 
 
 def test_scripted_noise_replaces_the_measured_one_per_decision():
@@ -148,12 +168,12 @@ def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_pat
     start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 0.0, start))
     c.push(step(2, 11.0, start))
-    c.observed_downtime(0.7, in_place=True, kind="layout")
+    switched(c, CandidateConfig(1, 1, 2, 2, 16), start, 11.0, 0.7)
     assert c.decision() is not None and path.is_file()
     # Ray restarts the actor with its original arguments: it finds its state file.
     again = Controller(spec(in_place_cost_s=1.0), state_path=str(path))
     assert again.restarts == 1 and again.history == c.history and again.evaluations == c.evaluations
-    assert again.in_place_cost_s == 0.7 and again.incarnation != c.incarnation
+    assert again.book.in_place_cost_s == pytest.approx(0.7) and again.incarnation != c.incarnation
     again.push(step(3, 15.0, start))  # the interval started at 11 s goes on: no decision before 21 s
     assert len(again.evaluations) == len(c.evaluations)
     again.push(step(4, 22.0, start))
@@ -184,6 +204,6 @@ def test_the_controller_reads_the_calibration_at_the_runs_progress():
     c.push({"kind": "eval", "step": 2, "val_loss": 1.9})
     c.push(step(3, 2.0, start, b_noise=1.0))
     d = c.decision()
-    assert d["config"]["gbs"] == 16 and d["efficiency_source"] == "test-calibration"
-    assert d["val_loss"] == 1.9 and d["critical_batch"] == pytest.approx(400.0)
-    assert d["predicted_efficiency_gain"] == pytest.approx((400 + 8) / (400 + 16))
+    assert d.config.gbs == 16 and d.efficiency_source == "test-calibration"
+    assert d.val_loss == 1.9 and d.critical_batch == pytest.approx(400.0)
+    assert d.predicted_efficiency_gain == pytest.approx((400 + 8) / (400 + 16))

@@ -242,3 +242,19 @@ def test_relative_links_resolve(page: Path):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert broken == [], f"{rel(page)}: broken links"
+
+
+def test_the_architecture_map_names_every_module():
+    """docs/architecture.md's map cannot drift from the tree: every module of the package,
+    `workloads/` and `dashboards/` is named in it."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    start = page.index("```")
+    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", page[start : page.index("```", start + 3)]))
+    modules = [
+        p
+        for folder in ("platform/copus", "workloads", "dashboards")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name != "__init__.py"
+    ]
+    missing = sorted(str(p.relative_to(ROOT)) for p in modules if p.stem not in names)
+    assert not missing, f"docs/architecture.md's map does not name: {missing}"

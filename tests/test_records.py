@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from copus.core.layout import CandidateConfig
+from copus.core.reconfiguration import Reconfiguration, SwitchOrder
 from copus.records import RECORD_KINDS, EndRecord, ReconfigureRecord, RecordError, StepRecord, parse_record
 
 CONFIG = {"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 8, "dp_shard": "none", "recompute": "none"}
@@ -54,6 +56,24 @@ END = {
     "model_shape": {"dim": 64},
     "stop_reason": "max_steps",
 }
+# What the controller's SwitchOrder puts in a reconfigure record (every field, in order).
+ORDER_REASONS = {
+    "change": "gbs",
+    "cost_s": 0.0,
+    "reason": "goodput",
+    "b_noise": 40.0,
+    "predicted_gain": 0.2,
+    "predicted_goodput": 120.0,
+    "current_predicted_goodput": 100.0,
+    "predicted_throughput": 150.0,
+    "predicted_efficiency": 0.8,
+    "current_predicted_efficiency": 1.0,
+    "predicted_efficiency_gain": 0.8,
+    "critical_batch": 80.0,
+    "val_loss": 2.5,
+    "efficiency_source": "configured",
+    "way": "auto",
+}
 RECORDS = [
     {
         "kind": "start",
@@ -87,9 +107,7 @@ RECORDS = [
         "wall_clock_s": 11.5,
         "from": CONFIG,
         "to": {**CONFIG, "gbs": 16},
-        "change": "gbs",
-        "reason": "goodput",
-        "predicted_gain": 0.2,
+        **ORDER_REASONS,
         "in_place": True,
     },
     {
@@ -128,8 +146,13 @@ def test_a_record_gives_back_the_dict_it_was_parsed_from(raw):
 def test_every_kind_is_covered_and_typed():
     assert {r["kind"] for r in RECORDS} == set(RECORD_KINDS)
     reconfigure = parse_record(RECORDS[7])
-    assert isinstance(reconfigure, ReconfigureRecord) and reconfigure.from_ == CONFIG
-    assert reconfigure.decision == {"change": "gbs", "reason": "goodput", "predicted_gain": 0.2}
+    assert isinstance(reconfigure, ReconfigureRecord) and reconfigure.from_ == CandidateConfig.from_dict(CONFIG)
+    assert reconfigure.order == SwitchOrder(config=reconfigure.to, **ORDER_REASONS)
+    change = reconfigure.reconfiguration()
+    assert change.change == "gbs" and change.as_dict()["predicted_gain"] == 0.2
+    assert Reconfiguration.from_dict(change.as_dict()) == change
+    unordered = parse_record(RECORDS[8])  # a change nobody ordered (a fallback's record carries none)
+    assert unordered.order is None and unordered.reconfiguration().fell_back.startswith("ReshardFailed")
     end = parse_record(END)
     assert isinstance(end, EndRecord) and end.payload() == {k: v for k, v in END.items() if k != "kind"}
     assert parse_record(STEP).config().label() == "dp2-tp1-pp1 mbs2 gbs8"

@@ -13,6 +13,16 @@ from copus.cli import main
 from copus.tracking import Tracker
 from tests.browser import dump_dom
 
+# A reconfiguration as summary.json lists it (copus.core.reconfiguration.Reconfiguration.as_dict).
+CHANGE = {
+    "step": 20,
+    "samples": 320,
+    "wall_clock_s": 10.0,
+    "from": {"dp": 2, "tp": 1, "pp": 1, "mbs": 4, "gbs": 16},
+    "to": {"dp": 2, "tp": 1, "pp": 1, "mbs": 4, "gbs": 32},
+    "in_place": True,
+}
+
 
 def _fake_comparison(tmp_path) -> str:
     """A parent run with two policy runs whose metrics look like training (logged through the
@@ -44,7 +54,7 @@ def _fake_comparison(tmp_path) -> str:
         tracker.log_dict(
             run,
             {
-                "reconfigurations": [{"wall_clock_s": 10.0, "in_place": True}] if policy == "copus" else [],
+                "reconfigurations": [CHANGE] if policy == "copus" else [],
                 "target_val_loss": 2.0,
                 "reached_target": True,
                 "time_to_target_s": 15.0 + i,
@@ -104,7 +114,11 @@ def test_report_of_a_missing_source_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no comparison.json or summary.json" in capsys.readouterr().err
     assert main(["report", "0123abc", "--tracking-uri", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 2
-    assert "no MLflow run 0123abc" in capsys.readouterr().err
+    assert "0123abc: no such output directory or calibration file, and not an MLflow run id" in capsys.readouterr().err
+    run_id = "0123456789abcdef0123456789abcdef"
+    assert main(["report", run_id, "--tracking-uri", f"sqlite:///{tmp_path / 'db.sqlite'}"]) == 2
+    assert f"no MLflow database at sqlite:///{tmp_path / 'db.sqlite'}" in capsys.readouterr().err
+    assert not (tmp_path / "db.sqlite").exists()  # a report only reads: it creates no database
 
 
 def test_report_has_a_predicted_vs_realized_panel_for_audited_changes(tmp_path):

@@ -115,7 +115,7 @@ def test_directories_go_to_and_come_from_a_location_whole(root, tmp_path):
 def test_profile_tables_are_saved_and_opened_at_any_location(root):
     key = {"workload": "w", "hardware": "h", "world": 2}
     table = ProfileTable.open(root / "profiles", key)
-    table.rows.append({"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 8, "status": "ok"})
+    table.rows.append({"dp": 2, "tp": 1, "pp": 1, "mbs": 2, "gbs": 8, "status": "ok", "step_time_s": 0.1})
     path = table.save(root / "profiles")
     assert path.is_file() and ProfileTable.open(root / "profiles", key).rows == table.rows
 

@@ -8,7 +8,7 @@ import json
 from mlflow.tracking import MlflowClient
 
 from copus.cluster.compare import comparison_columns, final_configs, speedup_metrics, speedup_phrase
-from copus.cluster.driver import run_label
+from copus.cluster.driver_run import run_label
 from copus.config import config_from_mapping
 from copus.core.layout import CandidateConfig
 from copus.tracking import (

@@ -20,6 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
+from workloads.flavours import BYTE_VOCAB
+
 # Byte-level tokens: one token per byte. Documents are joined with a NUL byte, which never
 # occurs in source text, as an end-of-document marker.
 DOC_SEPARATOR = b"\x00"
@@ -89,14 +91,25 @@ def _write_stream(path: Path, chunks: Iterable[np.ndarray], digest) -> int:
 
 
 def write_token_files(
-    out_dir: Path, train: Iterable[np.ndarray], val: Iterable[np.ndarray], dtype: str, description: str
+    out_dir: Path,
+    train: Iterable[np.ndarray],
+    val: Iterable[np.ndarray],
+    dtype: str,
+    description: str,
+    source: str = "dataset",
 ) -> TokenFiles:
     """The train and validation token files (each given as a sequence of arrays, so a corpus
-    larger than memory streams through) and their metadata."""
+    larger than memory streams through) and their metadata. A split without a token is refused
+    (DatasetError naming `source`) and leaves no cache entry: no run could train on it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     train_tokens = _write_stream(out_dir / "train.bin", train, digest)
     val_tokens = _write_stream(out_dir / "val.bin", val, digest)
+    if not train_tokens or not val_tokens:
+        for name in ("train.bin", "val.bin"):
+            (out_dir / name).unlink(missing_ok=True)
+        split = "train" if not train_tokens else "validation"
+        raise DatasetError(f"{source}: no text: the {split} split has 0 tokens (an empty file?)")
     meta = {
         "version": CORPUS_VERSION,
         "dtype": dtype,
@@ -110,18 +123,25 @@ def write_token_files(
     return read_cached(out_dir)
 
 
-def _write_split(out_dir: Path, train: np.ndarray, val: np.ndarray, description: str) -> TokenFiles:
-    return write_token_files(out_dir, [train], [val], str(train.dtype), description)
+def _write_split(out_dir: Path, train: np.ndarray, val: np.ndarray, description: str, source: str) -> TokenFiles:
+    return write_token_files(out_dir, [train], [val], str(train.dtype), description, source)
 
 
 def read_cached(out_dir: Path) -> TokenFiles | None:
+    """The cache entry in `out_dir`, or None when there is none to use: absent, or damaged or
+    empty (it is then built again)."""
     meta_path = out_dir / "meta.json"
     if not meta_path.is_file():
         return None
-    meta = json.loads(meta_path.read_text())
-    return TokenFiles(
-        out_dir / "train.bin", out_dir / "val.bin", meta["dtype"], meta["fingerprint"], meta["description"]
-    )
+    try:
+        meta = json.loads(meta_path.read_text())
+        files = TokenFiles(
+            out_dir / "train.bin", out_dir / "val.bin", meta["dtype"], meta["fingerprint"], meta["description"]
+        )
+        usable = meta["train_tokens"] > 0 and meta["val_tokens"] > 0 and files.train.is_file() and files.val.is_file()
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return files if usable else None
 
 
 def held_out(n_tokens: int, val_fraction: float) -> int:
@@ -152,7 +172,7 @@ def build_stdlib(val_fraction: float, cache_dir: Path) -> TokenFiles:
         f"Python {sys.version.split()[0]} standard library .py files under {root} "
         f"(site-packages excluded), {len(files)} files, {len(data) / 1e6:.1f} MB, byte tokens"
     )
-    return _write_split(out_dir, train, val, desc)
+    return _write_split(out_dir, train, val, desc, str(root))
 
 
 def _text_documents(path: Path, kind: str, text_field: str) -> list[bytes]:
@@ -167,6 +187,8 @@ def _text_documents(path: Path, kind: str, text_field: str) -> list[bytes]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DatasetError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            except UnicodeDecodeError as err:
+                raise DatasetError(f"{path}:{line_no}: not UTF-8 text ({err.reason} at byte {err.start})") from None
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                 raise DatasetError(f"{path}:{line_no}: no string field {text_field!r} (workload.dataset.text_field)")
             docs.append(record[text_field].encode("utf-8"))
@@ -209,7 +231,13 @@ def build_user(
     cache_dir: Path,
 ) -> TokenFiles:
     sources = [path] + ([val_path] if val_path else [])
-    out_dir = cache_dir / "user" / cache_key(kind, [file_digest(p) for p in sources], text_field, dtype, val_fraction)
+    if kind != "bin" and vocab_size < BYTE_VOCAB:  # before the cache: an entry says nothing of the model
+        raise DatasetError(f"{path}: byte-level text needs a vocabulary of at least {BYTE_VOCAB} (workload.model)")
+    # The vocabulary is part of a token file's key: its ids were checked against it.
+    vocab = vocab_size if kind == "bin" else BYTE_VOCAB
+    out_dir = (
+        cache_dir / "user" / cache_key(kind, [file_digest(p) for p in sources], text_field, dtype, val_fraction, vocab)
+    )
     cached = read_cached(out_dir)
     if cached:
         return cached
@@ -217,8 +245,6 @@ def build_user(
     def load(p: Path) -> np.ndarray:
         if kind == "bin":
             return _tokens_of_bin(p, dtype, vocab_size)
-        if vocab_size < 256:
-            raise DatasetError(f"{p}: byte-level text needs a vocabulary of at least 256 (workload.model)")
         return _tokens_of_text_file(p, kind, text_field)
 
     tokens = load(path)
@@ -229,7 +255,7 @@ def build_user(
     desc = f"{kind} file {path}" + (
         f" with validation file {val_path}" if val_path else f", last {val_fraction:.1%} held out"
     )
-    return _write_split(out_dir, train, val, desc)
+    return _write_split(out_dir, train, val, desc, str(val_path if train.size and val_path else path))
 
 
 def needs_tokenizing(kind: str, path: str | None, val_path: str | None, tokenizer: str | None) -> bool:

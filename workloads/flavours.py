@@ -9,6 +9,7 @@ Qwen/Qwen2.5-32B).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from copus.core.layout import ModelShape
@@ -44,8 +45,12 @@ class ModelFlavour:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     rope_scaling: Llama3RopeScaling | None = None
+    family: str = "llama"  # the registered model family that builds it (workloads.registry)
 
     def __post_init__(self) -> None:
+        for name in ("rope_theta", "norm_eps"):  # RoPE divides by theta's powers, RMSNorm by sqrt(x + eps)
+            if not positive_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive finite number (got {getattr(self, name)!r})")
         if self.dim % self.n_heads:
             raise ValueError(f"{self.name}: dim {self.dim} not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -83,6 +88,11 @@ class ModelFlavour:
     def from_dict(cls, data: dict) -> "ModelFlavour":
         scaling = data.get("rope_scaling")
         return cls(**{**data, "rope_scaling": Llama3RopeScaling(**scaling) if scaling else None})
+
+
+def positive_number(value) -> bool:
+    """A finite number above zero (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _flavours(*items: ModelFlavour) -> dict[str, ModelFlavour]:

@@ -13,7 +13,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from workloads.flavours import Llama3RopeScaling, ModelFlavour
+from workloads.flavours import Llama3RopeScaling, ModelFlavour, positive_number
 
 CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -70,6 +70,10 @@ def _read_json(path: Path) -> dict:
 
 def _architecture(raw: dict, path: Path) -> str:
     names = raw.get("architectures") or []
+    if isinstance(names, str):  # one name where transformers writes a list of one
+        names = [names]
+    if not isinstance(names, list):
+        raise HFModelError(f"{path}: architectures must be a list of class names (got {names!r})")
     if not names:
         by_type = {v: k for k, v in ARCHITECTURES.items()}
         names = [by_type.get(raw.get("model_type"), f"model_type {raw.get('model_type')!r}")]
@@ -85,8 +89,8 @@ def _rope(raw: dict, path: Path) -> tuple[float, Llama3RopeScaling | None]:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
         raise HFModelError(f"{path}: RoPE parameters per layer type are not supported")
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    if params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
         raise HFModelError(f"{path}: partial_rotary_factor other than 1 is not supported")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
@@ -95,13 +99,24 @@ def _rope(raw: dict, path: Path) -> tuple[float, Llama3RopeScaling | None]:
         return theta, None
     try:
         return theta, Llama3RopeScaling(
-            float(params["factor"]),
-            float(params["low_freq_factor"]),
-            float(params["high_freq_factor"]),
-            int(params.get("original_max_position_embeddings", raw["max_position_embeddings"])),
+            _positive(params["factor"], "factor", path),
+            _positive(params["low_freq_factor"], "low_freq_factor", path),
+            _positive(params["high_freq_factor"], "high_freq_factor", path),
+            _required_int(
+                {"x": params.get("original_max_position_embeddings", raw["max_position_embeddings"])},
+                "x",
+                path,
+                "original_max_position_embeddings",
+            ),
         )
     except KeyError as err:
         raise HFModelError(f"{path}: llama3 RoPE scaling without {err.args[0]}") from None
+
+
+def _positive(value, key: str, path: Path) -> float:
+    if not positive_number(value):
+        raise HFModelError(f"{path}: {key} must be a positive finite number (got {value!r})")
+    return float(value)
 
 
 def _refuse_unsupported(raw: dict, architecture: str, path: Path) -> None:
@@ -116,14 +131,15 @@ def _refuse_unsupported(raw: dict, architecture: str, path: Path) -> None:
             raise HFModelError(f"{path}: mlp_bias: true is not supported (the model's MLP has no biases)")
     if raw.get("use_sliding_window"):
         raise HFModelError(f"{path}: use_sliding_window: true is not supported (full causal attention only)")
-    if any(t != "full_attention" for t in raw.get("layer_types") or []):
+    layer_types = raw.get("layer_types") or []
+    if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
         raise HFModelError(f"{path}: layer_types other than full_attention are not supported")
 
 
-def _required_int(raw: dict, key: str, path: Path) -> int:
+def _required_int(raw: dict, key: str, path: Path, name: str | None = None) -> int:
     value = raw.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise HFModelError(f"{path}: {key} must be a positive integer (got {value!r})")
+        raise HFModelError(f"{path}: {name or key} must be a positive integer (got {value!r})")
     return value
 
 
@@ -151,18 +167,21 @@ def _cached_flavour(config_path: str, _mtime: int) -> ModelFlavour:
             f"{dims['hidden_size']} (not supported)"
         )
     theta, scaling = _rope(raw, path)
-    try:
+    n_kv_heads = _required_int(raw, "num_key_value_heads", path) if raw.get("num_key_value_heads") else heads
+    max_seq_len = _required_int({"max_position_embeddings": 2048, **raw}, "max_position_embeddings", path)
+    norm_eps = _positive(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", path)  # named as config.json names it
+    try:  # ModelFlavour checks the rest (rope_theta, head counts)
         return ModelFlavour(
             f"hf:{path.parent.name}",
             dim=dims["hidden_size"],
             n_layers=dims["num_hidden_layers"],
             n_heads=heads,
-            n_kv_heads=raw.get("num_key_value_heads") or heads,
+            n_kv_heads=n_kv_heads,
             ffn_dim=dims["intermediate_size"],
             vocab_size=dims["vocab_size"],
-            max_seq_len=int(raw.get("max_position_embeddings", 2048)),
+            max_seq_len=max_seq_len,
             rope_theta=theta,
-            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            norm_eps=norm_eps,
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=architecture == "Qwen2ForCausalLM",
             rope_scaling=scaling,

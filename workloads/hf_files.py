@@ -7,6 +7,7 @@ the config validator runs it before anything starts.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from workloads.flavours import ModelFlavour
@@ -34,7 +35,7 @@ def weight_map(model_dir: str | Path) -> dict[str, Path]:
             names = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise HFModelError(f"{index}: not a safetensors index (weight_map missing or invalid: {err})") from None
-        files = {name: root / file for name, file in names.items()}
+        files = {name: _shard(root, index, name, file) for name, file in _entries(names, index)}
         for file in sorted(set(files.values())):
             if not file.is_file():
                 raise HFModelError(f"{file}: not found (named in {INDEX})")
@@ -43,6 +44,22 @@ def weight_map(model_dir: str | Path) -> dict[str, Path]:
     if not single.is_file():
         raise HFModelError(f"{root}: no {SINGLE_FILE} and no {INDEX} (only safetensors weights are read)")
     return {name: single for name in _header_shapes(single)}
+
+
+def _entries(names, index: Path) -> list[tuple[str, str]]:
+    if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+        raise HFModelError(f"{index}: weight_map must map tensor names to file names")
+    return list(names.items())
+
+
+def _shard(root: Path, index: Path, name: str, file: str) -> Path:
+    """The file an index entry names, which must lie in the model directory: an entry such as
+    ../../etc/passwd is refused, never opened. Checked on the name, not on where symbolic links
+    lead: the Hugging Face cache links every file of a snapshot to a blob outside it."""
+    path = Path(os.path.normpath(root / file))
+    if not path.is_relative_to(root):
+        raise HFModelError(f"{index}: weight_map entry {name}: {file} is outside the model directory")
+    return path
 
 
 def check_weights(model_dir: str | Path, flavour: ModelFlavour) -> None:

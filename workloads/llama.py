@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from copus.core.layout import stage_layer_ranges
 from workloads.flavours import Llama3RopeScaling, ModelFlavour
 
 
@@ -173,6 +174,23 @@ def init_weights(model: Transformer, seed: int) -> None:
             if name.endswith("wo.weight") or name.endswith("w2.weight"):
                 std = 0.02 / math.sqrt(2 * n_layers)
             param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
+def keep_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
+    """Cut the model to one pipeline stage at layer boundaries: drop other stages' layers, the
+    embedding unless first, the final norm and LM head unless last. Parameter names stay those
+    of the unsplit model (layers are a ModuleDict keyed by layer index), so DCP checkpoints line
+    up across layouts."""
+    keep = stage_layer_ranges(len(model.layers), num_stages)[stage]
+    for name in list(model.layers.keys()):
+        if int(name) not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != num_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
 
 
 def build_model(flavour: ModelFlavour, seq_len: int, seed: int) -> Transformer:

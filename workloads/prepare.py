@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from workloads.corpus import DatasetError, TokenFiles, cache_key, file_digest, held_out, read_cached, write_token_files
+from workloads.flavours import BYTE_VOCAB
 from workloads.tokenizer import TextEncoder, tokenizer_file
 
 UNIT_BYTES = 4 << 20  # text per work unit: small enough to spread over cores and to lose little when stopped
@@ -67,9 +68,10 @@ def _units_of_file(split: str, first_index: int, path: Path, kind: str) -> list[
         except Exception as err:  # ArrowInvalid and friends: the message names the problem
             raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
         n = meta.num_row_groups
+        kept = [g for g in range(n) if meta.row_group(g).num_rows]  # a row group without rows has no text
         return [
-            Unit(split, first_index + g, str(path), kind, g, g + 1, meta.row_group(g).total_byte_size, g == n - 1)
-            for g in range(n)
+            Unit(split, first_index + i, str(path), kind, g, g + 1, meta.row_group(g).total_byte_size, g == n - 1)
+            for i, g in enumerate(kept)
         ]
     size = path.stat().st_size
     starts = list(range(0, size, UNIT_BYTES)) or [0]
@@ -218,19 +220,45 @@ def _pieces(shards: list[Path], dtype: str, start: int, stop: int):
 
 
 def _join(
-    out_dir: Path, train: list[Path], val: list[Path], dtype: str, val_fraction: float, description: str
+    out_dir: Path, train: list[Path], val: list[Path], dtype: str, val_fraction: float, description: str, source: str
 ) -> TokenFiles:
     itemsize = np.dtype(dtype).itemsize
     n_train = sum(p.stat().st_size for p in train) // itemsize
     if val:
         n_val = sum(p.stat().st_size for p in val) // itemsize
         return write_token_files(
-            out_dir, _pieces(train, dtype, 0, n_train), _pieces(val, dtype, 0, n_val), dtype, description
+            out_dir, _pieces(train, dtype, 0, n_train), _pieces(val, dtype, 0, n_val), dtype, description, source
         )
     cut = n_train - held_out(n_train, val_fraction)
     return write_token_files(
-        out_dir, _pieces(train, dtype, 0, cut), _pieces(train, dtype, cut, n_train), dtype, description
+        out_dir, _pieces(train, dtype, 0, cut), _pieces(train, dtype, cut, n_train), dtype, description, source
     )
+
+
+def _join_shards(out_dir: Path, units: list[Unit], dtype: str, val_fraction: float, description: str, source: str):
+    """The shards joined into the token files, then removed: joined, or refused (no text at all),
+    they are of no more use either way."""
+    shard_dir = out_dir / "shards"
+    try:
+        return _join(
+            out_dir,
+            [shard_dir / u.shard_name for u in units if u.split == "train"],
+            [shard_dir / u.shard_name for u in units if u.split == "val"],
+            dtype,
+            val_fraction,
+            description,
+            source,
+        )
+    finally:
+        shutil.rmtree(shard_dir, ignore_errors=True)
+
+
+def _refuse_empty(units: list[Unit], path: str, val_path: str | None) -> None:
+    """A split whose files hold no bytes (no rows) is refused before anything is tokenized; one
+    whose text makes no token is refused when the token files are joined."""
+    for split, name, source in (("train", "train", path), ("val", "validation", val_path)):
+        if source and not any(u.size for u in units if u.split == split):
+            raise DatasetError(f"{source}: no text: the {name} split has 0 tokens (an empty file?)")
 
 
 @dataclass
@@ -283,8 +311,8 @@ def build_tokenized(
     the cache."""
     t0 = time.perf_counter()
     dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
-    if tokenizer is None and vocab_size < 256:
-        raise DatasetError(f"{path}: byte-level text needs a vocabulary of at least 256 (workload.model)")
+    if tokenizer is None and vocab_size < BYTE_VOCAB:
+        raise DatasetError(f"{path}: byte-level text needs a vocabulary of at least {BYTE_VOCAB} (workload.model)")
     train_files, val_files = source_files(path, kind), source_files(val_path, kind) if val_path else []
     if not train_files or (val_path and not val_files):
         raise DatasetError(f"{path if not train_files else val_path}: no {kind} file found")
@@ -296,6 +324,7 @@ def build_tokenized(
     if cached:
         return PrepareReport(cached, 0, time.perf_counter() - t0, workers, 0)
     units = plan_units("train", train_files, kind) + plan_units("val", val_files, kind)
+    _refuse_empty(units, path, val_path)
     shard_dir = out_dir / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     pending = [u for u in units if not (shard_dir / u.shard_name).is_file()]
@@ -312,13 +341,5 @@ def build_tokenized(
     description = f"{kind} {path} ({len(train_files)} files), {tokenizer or 'byte-level'} tokens" + (
         f", validation {val_path}" if val_path else f", last {val_fraction:.1%} held out"
     )
-    files = _join(
-        out_dir,
-        [shard_dir / u.shard_name for u in units if u.split == "train"],
-        [shard_dir / u.shard_name for u in units if u.split == "val"],
-        dtype,
-        val_fraction,
-        description,
-    )
-    shutil.rmtree(shard_dir, ignore_errors=True)
+    files = _join_shards(out_dir, units, dtype, val_fraction, description, str(path))
     return PrepareReport(files, made, time.perf_counter() - t0, workers, len(units) - len(pending))

@@ -10,7 +10,7 @@ import contextlib
 import json
 import sys
 
-from copus.config import ConfigError, ExperimentConfig, load_config
+from copus.config import ConfigError, ExperimentConfig, is_suite_file, load_config
 from copus.storage import Location, StorageError, read_lines
 
 
@@ -124,6 +124,23 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_validate_suite(args: argparse.Namespace) -> int:
+    """`copus validate SUITE.yaml`: the suite and its experiment, as `copus compare` reads them."""
+    from copus.config import config_from_mapping, load_suite
+
+    suite, experiment = load_suite(args.experiment, args.overrides)
+    cfg = config_from_mapping(experiment, suite.set + args.overrides)
+    if args.json:
+        print(json.dumps({"suite": suite.model_dump(mode="json"), "experiment": cfg.model_dump(mode="json")}, indent=2))
+        return 0
+    print(
+        f"{args.experiment}: valid comparison suite. {', '.join(suite.policies)} x {suite.repeats} repeat(s) "
+        f"(seeds {suite.seeds}) of {cfg.name}: {cfg.workload.model} seq {cfg.workload.seq_len}, "
+        f"gbs {cfg.batch.gbs}, output {suite.output_dir}"
+    )
+    return 0
+
+
 def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from copus.cluster.driver import run_experiment  # imports ray: only for commands that need it
     from copus.cluster.progress import summary_text
@@ -160,7 +177,7 @@ def _print_ui_hint(uri: str, experiment_id: str, view_key: str | None = None) ->
 
 
 def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
-    from copus.cluster.driver import measure_experiment_gns
+    from copus.cluster.gns_command import measure_experiment_gns
     from workloads.corpus import DatasetError
 
     if args.steps < 1:
@@ -224,6 +241,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"copus: {err}", file=sys.stderr)
         return 2
     print(f"exported step {result['step']} ({result['tensors']} tensors, {result['files']} files) to {result['out']}")
+    for refused in result["refused"]:  # newer checkpoints passed over: say which, and why
+        print(f"  newer checkpoint refused: {refused['checkpoint']} ({refused['reason']})")
     return 0
 
 
@@ -357,17 +376,21 @@ def _last_checkpoint_step(out: Location) -> int | None:
 def _interrupted(args: argparse.Namespace) -> str:
     """One line saying where Ctrl-C stopped, what is kept and how to go on."""
     try:
-        if args.command == "compare":
-            from copus.config import load_suite
-
-            out = Location.parse(load_suite(args.suite, args.overrides)[0].output_dir)
-            return (
-                f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
-                f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again"
-            )
-        cfg = experiment_config(args) if args.command in SUITE_AWARE else load_config(args.experiment, args.overrides)
-    except ConfigError:
+        return _where_interrupted(args)
+    except (ConfigError, StorageError):  # the config, or a location it names, no longer opens
         return "interrupted"
+
+
+def _where_interrupted(args: argparse.Namespace) -> str:
+    if args.command == "compare":
+        from copus.config import load_suite
+
+        out = Location.parse(load_suite(args.suite, args.overrides)[0].output_dir)
+        return (
+            f"interrupted; the finished runs are in {out / 'comparison.json'} and {out}/<policy>/r<repeat>, "
+            f"the profile table in {out / 'profiles'} is reused: run the same command to start the suite again"
+        )
+    cfg = experiment_config(args) if args.command in SUITE_AWARE else load_config(args.experiment, args.overrides)
     if args.command == "calibrate":
         return (
             f"interrupted; the branch points and every finished continuation are kept in "
@@ -405,11 +428,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "calibrate":
         return _cmd_calibrate(args)
     try:
+        if args.command == "validate" and is_suite_file(args.experiment):
+            return _cmd_validate_suite(args)
         cfg = experiment_config(args) if args.command in SUITE_AWARE else load_config(args.experiment, args.overrides)
-    except ConfigError as err:
+        return COMMANDS[args.command](cfg, args)
+    except ConfigError as err:  # a location the config names that cannot be opened, found while working
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    return COMMANDS[args.command](cfg, args)
 
 
 if __name__ == "__main__":

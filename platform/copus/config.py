@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,10 +20,29 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
-from copus.storage import Location, check_location
+from copus.storage import Location, StorageError, check_location, first_line, local_path, shown
 
 # A path, or a URI pyarrow opens (s3://, gs://, ...): where run files go (copus.storage).
 StorageLocation = Annotated[str, AfterValidator(check_location)]
+PositiveInt = Annotated[int, Field(ge=1)]
+# numpy's generators take any non-negative seed, torch's manual_seed one below 2**64; a suite
+# adds its repeat index, so the largest seed leaves room below that.
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
+# An Adam moment's decay: 1 or more never forgets (torch refuses it when the optimiser is built).
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+def check_local(text: str) -> str:
+    """A config value that names a local file or directory (read with the os, not pyarrow): no
+    URI, and a path that can name a file (copus.storage.local_path)."""
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isidentifier():
+        raise ValueError(f"{shown(text)}: a URI; this field reads a local path only (download it first)")
+    local_path(text)
+    return text
+
+
+LocalPath = Annotated[str, AfterValidator(check_local)]
 
 
 class ConfigError(ValueError):
@@ -29,28 +50,29 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    # Unknown keys are refused: a typo must never silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are refused: a typo must never silently fall back to a default. Infinity is
+    # refused like NaN (YAML's .inf, or 1e400): no rate, loss or limit of a run is infinite.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DatasetConfig(Section):
     # stdlib: the Python standard library's source, built on first use (no download).
     kind: Literal["stdlib", "txt", "jsonl", "parquet", "bin"] = "stdlib"
-    path: str | None = None  # txt/jsonl/parquet: a file, a directory of such files, or a glob pattern
-    val_path: str | None = None
+    path: LocalPath | None = None  # txt/jsonl/parquet: a file, a directory of such files, or a glob pattern
+    val_path: LocalPath | None = None
     text_field: str = "text"
     dtype: Literal["uint16", "uint32"] = "uint16"
     val_fraction: float = Field(0.01, gt=0.0, lt=0.5)
-    cache_dir: str | None = None  # default: $COPUS_CACHE or ~/.cache/copus
+    cache_dir: LocalPath | None = None  # default: $COPUS_CACHE or ~/.cache/copus
 
 
 class WorkloadConfig(Section):
     model: str = "tiny"
     seq_len: int = Field(128, ge=8)
     dataset: DatasetConfig = DatasetConfig()
-    seed: int = 0
-    init_from: str | None = None  # a Hugging Face model directory (Llama, Qwen2): shape and initial weights
-    tokenizer: str | None = None  # a tokenizer.json (or a directory holding one) for txt/jsonl/parquet data
+    seed: Seed = 0
+    init_from: LocalPath | None = None  # a Hugging Face model directory (Llama, Qwen2): shape and initial weights
+    tokenizer: LocalPath | None = None  # a tokenizer.json (or a directory holding one) for txt/jsonl/parquet data
 
     @model_validator(mode="before")
     @classmethod
@@ -62,8 +84,17 @@ class WorkloadConfig(Section):
                     "workload.model",
                     "leave it out when workload.init_from is set (the shape comes from the directory's config.json)",
                 )
-            data = {**data, "model": f"hf:{Path(str(data['init_from'])).expanduser().resolve().name}"}
+            data = {**data, "model": f"hf:{_directory_name(str(data['init_from']))}"}
         return data
+
+
+def _directory_name(path: str) -> str:
+    """The name of the directory a path names (a path that cannot name one is refused by the
+    field's own check: `LocalPath`)."""
+    try:
+        return local_path(path).name
+    except StorageError:
+        return Path(path).name
 
 
 class OptimizerConfig(Section):
@@ -71,7 +102,7 @@ class OptimizerConfig(Section):
     lr: float = Field(3e-3, gt=0.0)
     reference_gbs: int = Field(16, ge=1)  # the GBS at which `lr` is the right LR
     lr_scaling: Literal["sqrt", "linear", "none", "adascale"] = "sqrt"
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.1, ge=0.0)
     grad_clip: float | None = Field(1.0, gt=0.0)
@@ -162,8 +193,9 @@ class SearchConfig(Section):
 
     gbs_min: int | None = Field(None, ge=1)  # default: batch.gbs
     gbs_max: int | None = Field(None, ge=1)  # default: batch.gbs
-    mbs: list[int] | None = None  # default: [batch.mbs]
-    layouts: list[tuple[int, int, int]] | None = None  # [dp, tp, pp] each; default: every valid layout
+    mbs: list[PositiveInt] | None = None  # default: [batch.mbs]
+    # [dp, tp, pp] each; default: every valid layout
+    layouts: list[tuple[PositiveInt, PositiveInt, PositiveInt]] | None = None
     dp_shard: list[DpShard] | None = None  # sharding modes the planner may choose; default: [parallel.dp_shard]
     recompute: list[Recompute] | None = None  # recomputation modes; default: [parallel.recompute]
 
@@ -184,9 +216,11 @@ class CalibrationConfig(Section):
     """`copus calibrate`: branch a reference run at a few points and continue from each at every
     GBS of a grid until the validation loss has dropped by `decrement` (copus.core.calibration)."""
 
-    gbs: list[int] | None = None  # the grid; default: powers of 2 over search.gbs_min..gbs_max
-    branch_samples: list[int] | None = None  # where to branch (samples of the reference run, multiples of
-    # optimizer.reference_gbs); default: 20, 60, 120, 200 reference steps
+    # The grid; default: powers of 2 over search.gbs_min..gbs_max.
+    gbs: list[PositiveInt] | None = Field(None, min_length=1)
+    # Where to branch (samples of the reference run, multiples of optimizer.reference_gbs);
+    # default: 20, 60, 120, 200 reference steps.
+    branch_samples: list[PositiveInt] | None = Field(None, min_length=1)
     decrement: float = Field(0.1, gt=0.0)  # validation-loss drop each continuation trains to
     seeds: int = Field(2, ge=1)  # continuations per (branch point, GBS), each on other data
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
@@ -289,17 +323,24 @@ class ExperimentConfig(Section):
         return sorted(set(self.calibration.branch_samples or [b0 * k for k in (20, 60, 120, 200)]))
 
     def resolved_profile_dir(self) -> Location:
-        return (
-            Location.parse(self.profile.table_dir)
-            if self.profile.table_dir
-            else self.resolved_output_dir() / "profiles"
-        )
+        if not self.profile.table_dir:
+            return self.resolved_output_dir() / "profiles"
+        return _opened("profile.table_dir", self.profile.table_dir)
 
     def resolved_tracking_uri(self) -> str:
         return self.tracking.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
     def resolved_output_dir(self) -> Location:
-        return Location.parse(self.output_dir)
+        return _opened("output_dir", self.output_dir)
+
+
+def _opened(field: str, where: str) -> Location:
+    """A location field opened (an object store may be asked for its region): ConfigError naming
+    the field when it cannot be."""
+    try:
+        return Location.parse(where)
+    except StorageError as err:
+        raise ConfigError(f"{field}: {err}") from None
 
 
 class FieldProblem(ValueError):
@@ -379,10 +420,17 @@ def _checked_flavour(cfg: ExperimentConfig):
 
 
 def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
+    from workloads.flavours import BYTE_VOCAB
     from workloads.tokenizer import TokenizerError, tokenizer_vocab_size
 
     tok, kind = cfg.workload.tokenizer, cfg.workload.dataset.kind
     if tok is None:
+        if kind != "bin" and vocab_size < BYTE_VOCAB:  # stdlib, txt, jsonl, parquet: one token per byte
+            raise FieldProblem(
+                "workload.init_from" if cfg.workload.init_from else "workload.model",
+                f"a vocabulary of {vocab_size} cannot hold the {BYTE_VOCAB} byte tokens of {kind!r} data "
+                "(give workload.tokenizer, or a model with a larger vocabulary)",
+            )
         return
     if kind in ("stdlib", "bin"):
         raise FieldProblem("workload.tokenizer", f"applies to txt, jsonl and parquet data, not {kind!r}")
@@ -437,22 +485,38 @@ def _check_search(cfg: ExperimentConfig, shape) -> None:
             )
 
 
+# How much of a refused value a message echoes: one line, whatever the value (a YAML alias can
+# make a small file into a huge value).
+_ECHO = reprlib.Repr()
+_ECHO.maxlevel, _ECHO.maxstring, _ECHO.maxother = 3, 80, 80
+_ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 6
+
+
 def format_pydantic_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(part) for part in first["loc"])
+    first = err.errors(include_url=False, include_input=True)[0]
+    loc = ".".join(shown(str(part), 60) for part in first["loc"])
     msg = first["msg"]
+    error = first.get("ctx", {}).get("error")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
-    elif first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"), FieldProblem):
-        return str(first["ctx"]["error"])
+    elif first["type"] == "value_error" and isinstance(error, FieldProblem):
+        return str(error)
+    elif first["type"] == "value_error" and error is not None:  # a field's own check (AfterValidator)
+        msg = str(error)
     elif "input" in first and first["type"] not in ("missing",):
-        msg = f"{msg} (got {first['input']!r})"
+        msg = f"{msg} (got {shown(_ECHO.repr(first['input']), 200)})"
     return f"{loc}: {msg}" if loc else msg
 
 
-def _parse_override_value(text: str) -> Any:
-    # YAML scalars, so `--set stop.max_steps=10` gives an int and `--set cluster.use_gpu=true` a bool.
-    return yaml.safe_load(text) if text != "" else ""
+def _parse_override_value(item: str, text: str) -> Any:
+    # YAML values, so `--set stop.max_steps=10` gives an int and `--set cluster.use_gpu=true` a bool;
+    # read by the experiment file's own loader (same tags refused, same size limit).
+    if text == "":
+        return ""
+    try:
+        return parse_yaml(text)
+    except ConfigError as err:
+        raise ConfigError(f"--set {shown(item)}: {err}") from None
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -460,16 +524,18 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     data = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"--set {item}: expected key.sub=value")
+            raise ConfigError(f"--set {shown(item)}: expected key.sub=value")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"--set {shown(item)}: expected key.sub=value (an empty key name)")
         node = data
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise ConfigError(f"{key}: cannot set below {part!r}, which is not a section")
             node = child
-        node[parts[-1]] = _parse_override_value(value)
+        node[parts[-1]] = _parse_override_value(item, value)
     return data
 
 
@@ -497,8 +563,65 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node):
+        # YAML 1.2 (as most YAML readers today): 032 is 32, not YAML 1.1's octal 26, and 1:30 is
+        # text, not the sexagesimal 90: a leading zero must not change a number silently.
+        text = str(self.construct_scalar(node))
+        if ":" in text:
+            return text
+        if re.fullmatch(r"[-+]?0[0-9_]+", text):
+            return int(text.replace("_", ""), 10)
+        return super().construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+# The most values a YAML document may hold once its aliases are expanded: far above any
+# experiment, far below what a "billion laughs" alias bomb builds from a few lines.
+MAX_YAML_VALUES = 100_000
+
+
+def _expanded_size(value: Any, memo: dict[int, int], active: set[int]) -> int:
+    """How many values `value` holds with every alias expanded (an alias shares one object, so
+    each is counted once per reference but computed once)."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    key = id(value)
+    if key in active:
+        raise ConfigError("an alias refers to the value that contains it")
+    if key not in memo:
+        active.add(key)
+        children = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+        memo[key] = 1 + sum(_expanded_size(child, memo, active) for child in children)
+        active.discard(key)
+    return memo[key]
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text to plain data: ConfigError (one line) for a syntax error, a tag that would
+    build an object, or a document whose aliases expand past MAX_YAML_VALUES."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+        size = _expanded_size(data, {}, set())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1} " if mark else ""
+        problem = first_line(str(getattr(err, "problem", None) or err), 200)
+        raise ConfigError(f"{where}not valid YAML ({shown(problem, 200)})") from None
+    except (ValueError, TypeError) as err:  # a tag's constructor refusing its text (!!int abc)
+        raise ConfigError(f"not valid YAML ({shown(str(err), 200)})") from None
+    except RecursionError:
+        raise ConfigError("not valid YAML (nested too deeply)") from None
+    if size > MAX_YAML_VALUES:
+        raise ConfigError(f"not valid YAML (its aliases expand to more than {MAX_YAML_VALUES:,} values)")
+    return data
+
 
 def read_yaml(path: str | os.PathLike, what: str = "experiment") -> Any:
+    try:
+        local_path(path)  # a path that cannot name a file (too long, a symlink loop) is refused here
+    except StorageError as err:
+        raise ConfigError(f"{err} (the {what} file)") from None
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found")
@@ -507,11 +630,9 @@ def read_yaml(path: str | os.PathLike, what: str = "experiment") -> Any:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the {what} file ({getattr(err, 'strerror', None) or err})") from None
     try:
-        return yaml.load(text, Loader=_StrictLoader) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
+        return parse_yaml(text) or {}
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> ExperimentConfig:

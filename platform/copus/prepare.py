@@ -32,7 +32,11 @@ def prepare_experiment_data(cfg: ExperimentConfig, workers: int | None, progress
         made, used, resumed = None, 1, 0
     seconds = time.perf_counter() - t0
     meta = json.loads((files.train.parent / "meta.json").read_text())
-    rate = f", {made / seconds:,.0f} tokens/s on {used} processes" if made else " (already prepared)"
+    # made: tokens built by this call, 0 when the cache held them, None when not counted (built here
+    # in one process, or found: the byte-level single-file builders do not say which).
+    rate = (
+        f", {made / seconds:,.0f} tokens/s on {used} processes" if made else " (already prepared)" if made == 0 else ""
+    )
     return {
         "train": str(files.train),
         "val": str(files.val),

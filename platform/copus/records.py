@@ -8,7 +8,7 @@ as plain dicts (Ray, records.jsonl, MLflow): a producer builds the dataclass and
 `as_dict()` gives the dict, key order included, that the records have always had, so
 records.jsonl and what reads it (`copus.core.audit`, the dashboards) see the same lines.
 
-Pure: no torch, no Ray.
+Pure: no torch, no Ray (only `copus.core` types).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from copus.core.layout import CandidateConfig
+from copus.core.reconfiguration import Reconfiguration, Relaunch, SwitchOrder
 
 
 class RecordError(ValueError):
@@ -159,32 +160,51 @@ class NonfiniteRecord(Record):
 @dataclass(kw_only=True)
 class ReconfigureRecord(Record):
     """The run changed configuration at a step boundary, in place or by a restart. Its dict
-    carries the controller's decision (all but the target config) between `to` and `reshard`."""
+    carries the controller's order (its reasons: `SwitchOrder.reasons()`) between `to` and
+    `reshard`, as it always has."""
 
     kind: ClassVar[str] = "reconfigure"
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"reshard", "fell_back"})
     step: int
     samples: int
     wall_clock_s: float
-    from_: dict = field(metadata={"key": "from"})  # CandidateConfig.as_dict()
-    to: dict
-    decision: dict = field(default_factory=dict)  # why: reason, b_noise, predicted_gain, ...
+    from_: CandidateConfig = field(metadata={"key": "from"})
+    to: CandidateConfig
+    order: SwitchOrder | None = None  # why; None for a change nobody ordered
     reshard: dict | None = None  # the in-place reshard's figures (bytes moved, times)
     fell_back: str | None = None  # why the in-place path failed, when it fell back to a restart
     in_place: bool
 
     def payload(self) -> dict[str, Any]:
         plain = super().payload()
-        plain.pop("decision")
+        plain.pop("order")
+        plain["from"], plain["to"] = self.from_.as_dict(), self.to.as_dict()
         head = {k: plain.pop(k) for k in ("step", "samples", "wall_clock_s", "from", "to")}
-        return {**head, **self.decision, **plain}
+        return {**head, **(self.order.reasons() if self.order else {}), **plain}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReconfigureRecord:
-        own = {f.metadata.get("key", f.name) for f in fields(cls)} | {"kind"}
-        record = super().from_dict(data)
-        record.decision = {k: v for k, v in data.items() if k not in own}
+        try:
+            to, from_ = CandidateConfig.from_dict(data["to"]), CandidateConfig.from_dict(data["from"])
+        except (KeyError, TypeError) as err:
+            raise RecordError(f"a reconfigure record: {err}") from None
+        record = super().from_dict({**data, "from": from_, "to": to})
+        record.order = SwitchOrder.from_reasons(to, data)
         return record
+
+    def reconfiguration(self) -> Reconfiguration:
+        """The change as the run's state lists it (its downtime comes with the next step)."""
+        return Reconfiguration(
+            step=self.step,
+            samples=self.samples,
+            wall_clock_s=self.wall_clock_s,
+            from_=self.from_,
+            to=self.to,
+            in_place=self.in_place,
+            fell_back=self.fell_back,
+            reshard=self.reshard,
+            order=self.order,
+        )
 
 
 @dataclass
@@ -200,19 +220,40 @@ class LoopState:
     best_val_loss: float | None = None
     last_val_loss: float | None = None
     last_val_step: int | None = None
-    reconfigure: dict | None = None  # the configuration to relaunch in (stop_reason "reconfigure")
+    reconfigure: Relaunch | None = None  # the configuration to relaunch in (stop_reason "reconfigure")
     layout: dict | None = None  # {"dp", "tp", "pp"}
     nonfinite_steps: int = 0
     skipped_samples: int = 0
-    reconfigurations: list[dict] = field(default_factory=list)
+    reconfigurations: list[Reconfiguration] = field(default_factory=list)  # the workers' own list
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(LoopState)}
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(LoopState)}
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> LoopState:
         """The progress kept in a checkpoint's trainer state (an older one may lack some)."""
-        return cls(**{f.name: saved[f.name] for f in fields(LoopState) if f.name in saved})
+        return cls(**_loop_values(saved))
+
+
+def _plain(value: Any) -> Any:
+    """A LoopState value as JSON has it."""
+    if isinstance(value, Relaunch | Reconfiguration):
+        return value.as_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _loop_values(saved: dict[str, Any]) -> dict[str, Any]:
+    """LoopState's fields out of their JSON form."""
+    values = {f.name: saved[f.name] for f in fields(LoopState) if f.name in saved}
+    if isinstance(values.get("reconfigure"), dict):
+        values["reconfigure"] = Relaunch.from_dict(values["reconfigure"])
+    values["reconfigurations"] = [
+        r if isinstance(r, Reconfiguration) else Reconfiguration.from_dict(r)
+        for r in values.get("reconfigurations", [])
+    ]
+    return values
 
 
 @dataclass(kw_only=True)
@@ -226,6 +267,13 @@ class EndRecord(Record, LoopState):
     model_shape: dict
     gns: dict | None = None  # the noise-scale estimator's state, when the run measures it
     stop_reason: str | None
+
+    def payload(self) -> dict[str, Any]:
+        return {k: _plain(v) for k, v in super().payload().items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EndRecord:
+        return super().from_dict({**data, **_loop_values(data)})
 
 
 @dataclass(kw_only=True)

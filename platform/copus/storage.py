@@ -15,6 +15,8 @@ calibration, profile tables, export, fault markers), so it imports neither torch
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import os
 import shutil
@@ -33,19 +35,95 @@ RAY_RUN_NAME = "train"
 SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
 
 
+# The longest name one path component may have (NAME_MAX of Linux and macOS filesystems).
+NAME_MAX = 255
+# Seconds a Google Cloud Storage call keeps retrying before it fails (pyarrow's default retries
+# for many minutes: an unreachable store or missing credentials would look like a hang).
+GCS_RETRY_LIMIT_S = 10
+DEFAULT_ENDPOINTS = {"s3": "the AWS S3 endpoint", "gs": "storage.googleapis.com", "gcs": "storage.googleapis.com"}
+
+
 class StorageError(ValueError):
-    """An output location pyarrow cannot open (unknown scheme, bad query option)."""
+    """An output location pyarrow cannot open (unknown scheme, bad query option), or a local
+    path that cannot name a file (a symlink loop, a component too long)."""
+
+
+class StoreUnreachable(StorageError, OSError):
+    """An object store that did not answer (or refused) within its time limit. Also an OSError,
+    so code that tolerates a failed read or write still does."""
+
+
+def first_line(err: BaseException | str, limit: int = 300) -> str:
+    """One line of an error message (pyarrow's and the AWS SDK's run over many lines)."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """A user's value as it appears in a one-line message: control characters escaped, long
+    values shortened."""
+    text = text if text.isprintable() else ascii(text)[1:-1]
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 + 3 :]}"
 
 
 def check_location(text: str) -> str:
     """A config value naming a location: a path, or a URI of a scheme pyarrow can open. Only
     the form is checked here (opening an s3:// location may ask the network for its region)."""
     scheme, sep, rest = text.partition("://")
+    if not text.strip():
+        raise StorageError("empty: name a directory (a path, or a URI)")
     if sep and scheme not in SCHEMES:
-        raise StorageError(f"{text!r}: unknown scheme {scheme!r} (a path, or one of {', '.join(SCHEMES)})")
-    if sep and not rest.strip("/"):
-        raise StorageError(f"{text!r}: names no bucket or path")
+        raise StorageError(f"{shown(text)!r}: unknown scheme {scheme!r} (a path, or one of {', '.join(SCHEMES)})")
+    if sep and not rest.partition("?")[0].strip("/"):
+        raise StorageError(f"{shown(text)!r}: names no bucket or path")
+    if not sep or scheme == "file":
+        local_path(text[len("file://") :] if sep else text)
     return text
+
+
+def local_path(text: str | os.PathLike) -> Path:
+    """`text` as an absolute local path, or StorageError saying why it cannot name a file: a
+    component longer than NAME_MAX bytes, a symlink loop, a dangling symbolic link (which a
+    write would follow, creating its target somewhere the user never named)."""
+    if not str(text).strip() or "\x00" in str(text):
+        raise StorageError(f"{shown(str(text))!r}: empty or holds a NUL character: name a file or directory")
+    raw = Path(text).expanduser()
+    if any(len(os.fsencode(part)) > NAME_MAX for part in raw.parts):
+        raise StorageError(f"{shown(str(text))}: a path component is longer than {NAME_MAX} bytes")
+    try:
+        resolved = raw.resolve()
+    except (RuntimeError, OSError) as err:  # Python 3.11 says RuntimeError for a symlink loop
+        raise StorageError(f"{shown(str(text))}: {_path_problem(err)}") from None
+    for prefix in [raw, *raw.parents]:
+        if prefix.is_symlink() and not prefix.exists():
+            raise StorageError(
+                f"{shown(str(text))}: {prefix} is a symbolic link to {os.readlink(prefix)}, which does not exist"
+            )
+    return resolved
+
+
+def _path_problem(err: BaseException) -> str:
+    if isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP:
+        return "a symbolic link loop"
+    return getattr(err, "strerror", None) or first_line(err)
+
+
+def _store_call(method):
+    """An object store's failure (no answer, refused, no credentials) as StoreUnreachable naming
+    the location and the endpoint; a missing file stays FileNotFoundError, local errors as they are."""
+
+    @functools.wraps(method)
+    def call(self: Location, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (FileNotFoundError, StorageError):
+            raise
+        except OSError as err:
+            if self.is_local:
+                raise
+            raise StoreUnreachable(f"{self}: the store at {self.endpoint} failed: {first_line(err)}") from None
+
+    return call
 
 
 class Location:
@@ -64,18 +142,24 @@ class Location:
         text = os.fspath(where)
         scheme, sep, _ = text.partition("://")
         if not sep or scheme == "file":
-            local = Path(text[len("file://") :] if sep else text).expanduser().resolve()
-            return cls(pafs.LocalFileSystem(), str(local))
+            return cls(pafs.LocalFileSystem(), str(local_path(text[len("file://") :] if sep else text)))
+        check_location(text)
         try:
-            fs, path = pafs.FileSystem.from_uri(text)
+            fs, path = pafs.FileSystem.from_uri(bounded_uri(text, scheme))
         except Exception as err:  # pyarrow raises ArrowInvalid / ValueError / OSError
-            raise StorageError(f"{text}: not a location pyarrow can open ({err})") from None
+            raise StorageError(f"{shown(text)}: not a location pyarrow can open ({first_line(err)})") from None
         return cls(fs, path, scheme, text.partition("?")[2])
 
     # --- naming ---------------------------------------------------------------------------
     @property
     def is_local(self) -> bool:
         return self.fs.type_name == "local"
+
+    @property
+    def endpoint(self) -> str:
+        """The server an object-store location talks to, for messages."""
+        options = dict(part.partition("=")[::2] for part in self.query.split("&") if part)
+        return options.get("endpoint_override") or DEFAULT_ENDPOINTS.get(self.scheme, f"{self.scheme}://")
 
     def __truediv__(self, name: str) -> Location:
         return Location(self.fs, f"{self.path.rstrip('/')}/{name}", self.scheme, self.query)
@@ -114,6 +198,7 @@ class Location:
         return Path(self.path)
 
     # --- queries --------------------------------------------------------------------------
+    @_store_call
     def _info(self) -> pafs.FileInfo:
         return self.fs.get_file_info(self.path)
 
@@ -129,12 +214,14 @@ class Location:
     def size(self) -> int:
         return self._info().size
 
+    @_store_call
     def iterdir(self) -> list[Location]:
         """The entries directly under this directory (none when it does not exist), by name."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         return sorted((Location(self.fs, i.path, self.scheme, self.query) for i in infos), key=lambda c: c.name)
 
     # --- reading --------------------------------------------------------------------------
+    @_store_call
     def read_bytes(self) -> bytes:
         try:
             with self.fs.open_input_stream(self.path) as fh:
@@ -150,13 +237,16 @@ class Location:
     def read_json(self):
         return json.loads(self.read_text())
 
+    @_store_call
     def open_input(self) -> IO[bytes]:
         return self.fs.open_input_stream(self.path)
 
     # --- writing --------------------------------------------------------------------------
+    @_store_call
     def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
         self.fs.create_dir(self.path, recursive=True)
 
+    @_store_call
     def write_bytes(self, data: bytes) -> None:
         """Whole or not at all: a reader sees the previous file or the new one, never half of
         one. Locally a temporary file renamed over the target; on an object store one PUT,
@@ -177,6 +267,7 @@ class Location:
     def write_json(self, data, indent: int | None = 2) -> None:
         self.write_text(json.dumps(data, indent=indent))
 
+    @_store_call
     def unlink(self, missing_ok: bool = True) -> None:
         try:
             self.fs.delete_file(self.path)
@@ -184,20 +275,30 @@ class Location:
             if not missing_ok:
                 raise
 
+    @_store_call
     def rmtree(self) -> None:
         """Remove this directory and everything under it; nothing there is fine."""
         if self.is_dir():
             self.fs.delete_dir(self.path)
 
     # --- moving whole trees between here and a local directory ----------------------------
+    @_store_call
     def download_to(self, local: Path) -> Path:
         local.mkdir(parents=True, exist_ok=True)
         pafs.copy_files(self.path, str(local), source_filesystem=self.fs, destination_filesystem=pafs.LocalFileSystem())
         return local
 
+    @_store_call
     def upload_from(self, local: Path) -> None:
         self.mkdir()
         pafs.copy_files(str(local), self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+
+
+def bounded_uri(uri: str, scheme: str) -> str:
+    """The URI pyarrow opens: a Google Cloud Storage one with a retry limit unless it sets its own."""
+    if scheme not in ("gs", "gcs") or "retry_limit_seconds=" in uri:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_LIMIT_S}"
 
 
 def write_json_atomic(path: Location | Path, data) -> None:

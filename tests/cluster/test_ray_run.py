@@ -9,7 +9,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from copus.cluster.driver import measure_experiment_gns, run_experiment
+from copus.cluster.driver import run_experiment
+from copus.cluster.gns_command import measure_experiment_gns
 from copus.config import config_from_mapping
 from tests.conftest import experiment_mapping
 

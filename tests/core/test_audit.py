@@ -11,6 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.core.audit import audit_reconfigurations, realized_gain
+from copus.core.reconfiguration import Reconfiguration
+
+
+def audited(entries: list[dict], records: list[dict], **kw) -> list[dict]:
+    """The audit of reconfigurations written as summary.json lists them, as it lists them."""
+    changes = [Reconfiguration.from_dict({"in_place": True, **e}) for e in entries]
+    return [c.as_dict() for c in audit_reconfigurations(changes, records, **kw)]
 
 
 def se(b: float, b_crit: float) -> float:
@@ -104,7 +111,7 @@ def test_audit_of_a_run_adds_predicted_and_realized_gain_to_every_change():
     # steps 101-110. The first attempt's records (a wild loss here) are superseded.
     failed = [{**r, "train_loss": 50.0} for r in steps[100:110]]
     records = steps[:100] + failed + steps[100:256] + [reconfigure] + steps[256:]
-    first, second = audit_reconfigurations([change, relayout], records)
+    first, second = audited([change, relayout], records)
     assert "realized_efficiency_gain" not in change  # the inputs are left unchanged
     assert first["predicted_efficiency_gain"] == 0.7
     assert first["realized_efficiency_gain"] == pytest.approx(se(64, 100) / se(16, 100), rel=0.10)
@@ -114,7 +121,7 @@ def test_audit_of_a_run_adds_predicted_and_realized_gain_to_every_change():
     assert second["realized_efficiency_gain"] is None and second["predicted_efficiency_gain"] is None
     assert "no change of GBS" in second["audit_note"]
     # No prediction carried (an older record, a scripted decision): none is made up.
-    alone = audit_reconfigurations([change], steps)[0]
+    alone = audited([change], steps)[0]
     assert alone["predicted_efficiency_gain"] is None and math.isfinite(alone["realized_efficiency_gain"])
 
 
@@ -131,7 +138,7 @@ def test_a_change_between_two_others_is_read_between_them():
         {"step": 256, "samples": 4096, "from": {**layout, "gbs": 16}, "to": {**layout, "gbs": 32}},
         {"step": 384, "samples": 8192, "from": {**layout, "gbs": 32}, "to": {**layout, "gbs": 64}},
     ]
-    first, second = audit_reconfigurations(entries, steps, run_start_samples=320)
+    first, second = audited(entries, steps, run_start_samples=320)
     print(
         f"16->32 true {se(32, 100) / se(16, 100):.3f} estimated {first['realized_efficiency_gain']:.3f}; "
         f"32->64 true {se(64, 100) / se(32, 100):.3f} estimated {second['realized_efficiency_gain']:.3f}"

@@ -214,7 +214,7 @@ def _calibration(path: Path, points: list[dict]) -> Path:
     return path
 
 
-def test_the_truth_comes_from_a_calibration_file(tmp_path):
+def test_the_truth_comes_from_a_calibration_file(tmp_path, monkeypatch):
     # Two branch points: B_crit 20 sequences at loss 4 (mid-decrement 3.9), 100 at loss 3; held beyond.
     cal = CalibratedCriticalBatch.from_branch_points(
         [{"val_loss": 3.0, "b_crit": 100.0}, {"val_loss": 4.0, "b_crit": 20.0, "decrement": 0.2}], 4096
@@ -229,8 +229,11 @@ def test_the_truth_comes_from_a_calibration_file(tmp_path):
     tiny = [{"val_loss": 3.0, "b_crit": 4.0, "b_crit_low": 3.0}, {"val_loss": 5.0, "b_crit": 4.0}]
     _calibration(tmp_path / "tiny.json", tiny + [{"val_loss": 4.0, "b_crit": None}])  # a null b_crit is skipped
     _calibration(tmp_path / "huge.json", [{"val_loss": 3.0, "b_crit": 1e6}])
+    with pytest.raises(ConfigError, match="training.calibration: file not found"):
+        load_sim_config(sim)  # relative to the current directory (as every path), not to the simulation file
+    monkeypatch.chdir(tmp_path)
     slow_cfg = load_sim_config(sim)
-    assert slow_cfg.training.calibration == str(tmp_path / "tiny.json")  # relative to the simulation file
+    assert slow_cfg.training.calibration == str(tmp_path / "tiny.json")
     slow, fast = (
         setting_from(load_sim_config(sim, [f"training.calibration={name}"])) for name in ("tiny.json", "huge.json")
     )
@@ -240,7 +243,8 @@ def test_the_truth_comes_from_a_calibration_file(tmp_path):
     assert t_fast is not None and t_slow is not None and t_slow > 100 * t_fast
 
 
-def test_bad_estimate_and_calibration_fields_are_named(tmp_path):
+def test_bad_estimate_and_calibration_fields_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the calibration files below are named relative to it
     sim = tmp_path / "sim.yaml"
     sim.write_text("model: llama-2-7b\ntraining: {target_loss: 2}\n")
     _calibration(tmp_path / "neg.json", [{"val_loss": 3.0, "b_crit": -1}])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from copus.parallel.dims import ParallelDims
-from copus.parallel.pipeline import keep_stage
 from workloads.flavours import FLAVOURS
-from workloads.llama import build_model
+from workloads.llama import build_model, keep_stage
 
 
 def test_stages_together_hold_the_whole_model_under_its_own_names():

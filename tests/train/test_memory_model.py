@@ -19,13 +19,12 @@ from copus.core.memory import (
     stage_params_per_rank,
 )
 from copus.parallel.dims import ParallelDims
-from copus.parallel.pipeline import keep_stage
 from copus.train.engine import ParallelModel, token_loss
 from copus.train.plan import OptimizerPlan
 from copus.train.replica import make_optimizer
 from tests.train.loop_helpers import spawn
 from workloads.flavours import FLAVOURS
-from workloads.llama import materialize, skeleton
+from workloads.llama import keep_stage, materialize, skeleton
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -6,13 +6,14 @@ and falls back to checkpoint-and-restart; memory stays flat over many changes.""
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from copus.core.layout import CandidateConfig
+from copus.core.planner import change_kind
+from copus.core.reconfiguration import SwitchOrder
 from copus.train.data import replica_batch
 from copus.train.faults import Faults
 from copus.train.host import release_memory
@@ -35,13 +36,19 @@ CHAIN = {
 
 
 class Scripted:
-    """A stand-in for the controller: {step: CandidateConfig} decided at that step boundary (picklable)."""
+    """A stand-in for the controller: {step: CandidateConfig} ordered at that step boundary, the
+    `way` given (picklable)."""
 
-    def __init__(self, script: dict[int, CandidateConfig]):
-        self.script = script
+    def __init__(self, script: dict[int, CandidateConfig], way: str = "auto"):
+        self.script, self.way = script, way
 
-    def __call__(self, step: int, current: CandidateConfig) -> dict | None:
-        return {"config": self.script[step].__dict__} if step in self.script else None
+    def __call__(self, step: int, current: CandidateConfig) -> SwitchOrder | None:
+        if step not in self.script:
+            return None
+        target = self.script[step]
+        return SwitchOrder(
+            config=target, change=change_kind(current, target), cost_s=0.0, reason="scripted", way=self.way
+        )
 
 
 def _in_place_then_restarts(plan, root: Path) -> dict:
@@ -92,10 +99,9 @@ def test_in_place_changes_on_8_ranks_continue_exactly_as_a_restart_would(token_c
 def _fail_then_resume(plan, root: Path) -> dict:
     to_pipeline = Scripted({2: CandidateConfig(1, 1, 2, 2, 8)})
     _, final, _ = run_local(plan, root / "auto", decide=to_pipeline, faults=Faults(fail_reshard=True))
+    strictly = Scripted(to_pipeline.script, way="in_place")
     try:
-        run_local(
-            replace(plan, reconfigure="in_place"), root / "strict", decide=to_pipeline, faults=Faults(fail_reshard=True)
-        )
+        run_local(plan, root / "strict", decide=strictly, faults=Faults(fail_reshard=True))
         strict = "no error"
     except ReshardFailed as err:
         strict = str(err)

@@ -46,8 +46,7 @@ def test_initialisation_is_deterministic_per_parameter_name():
 
 
 def test_a_materialised_stage_equals_the_same_part_of_the_whole_model():
-    from copus.parallel.pipeline import keep_stage
-    from workloads.llama import materialize, skeleton
+    from workloads.llama import keep_stage, materialize, skeleton
 
     whole = dict(build_model(FLAVOURS["tiny"], 32, seed=5).named_parameters())
     part = skeleton(FLAVOURS["tiny"], 32)

@@ -33,7 +33,7 @@ from ray import tune
 from copus.cluster.launch import ensure_ray, prepare_plan
 from copus.cluster.profile_table import key_id
 from copus.config import ConfigError, ExperimentConfig
-from copus.core.calibration import CalibrationResult, finite_json, fit_branch, with_noise_scales
+from copus.core.calibration import CalibrationResult, calibration_problem, finite_json, fit_branch, with_noise_scales
 from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.plan import WorkerPlan
@@ -76,7 +76,14 @@ def load_calibration(cfg: ExperimentConfig, data_fingerprint: str) -> dict | Non
     path = calibration_path(cfg, data_fingerprint)
     if not path.is_file():
         return None
-    data = path.read_json()
+    try:
+        data = path.read_json()
+    except (UnicodeDecodeError, ValueError) as err:
+        data, problem = None, f"not JSON: {type(err).__name__}"
+    else:
+        problem = calibration_problem(data)
+    if problem:
+        raise ConfigError(f"{path}: a damaged calibration file ({problem}); run copus calibrate again, or remove it")
     return data if data.get("key") == calibration_key(cfg, data_fingerprint) else None
 
 

@@ -19,13 +19,14 @@ import ray
 
 from copus.cluster.monitor import RecordQueue
 from copus.core.layout import CandidateConfig
-from copus.core.planner import Decision, Planner, SwitchCosts
+from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
-from copus.records import EvalRecord, StepRecord, parse_record
+from copus.core.reconfiguration import Reconfiguration, SwitchCostBook, SwitchOrder, order_from_decision
+from copus.records import EvalRecord, ReconfigureRecord, StepRecord, parse_record
 from copus.storage import Location
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControllerSpec:
     policy: str
     throughputs: tuple[tuple[CandidateConfig, float], ...]  # memory-feasible search space, samples/s of each
@@ -55,28 +56,20 @@ class Controller(RecordQueue):
     HISTORY_KEPT = 5000
     EVALUATIONS_KEPT = 500
 
-    def __init__(
-        self,
-        spec: ControllerSpec,
-        restart_cost_s: float | None = None,
-        in_place_cost_s: float | None = None,
-        reconfigure: str | None = None,
-        state_path: Location | str | None = None,
-    ):
-        """The optional arguments carry what an earlier driver of the same run measured.
-        `state_path`: where the controller keeps its state after every decision; a controller
-        that finds it there (Ray restarted the actor after a crash, or the driver was run again)
-        goes on from it."""
+    def __init__(self, spec: ControllerSpec, state_path: Location | str | None = None):
+        """`state_path`: where the controller keeps its state (history, decisions, what switches
+        cost) after every decision and every measured switch; a controller that finds it there
+        (Ray restarted the actor after a crash, or the driver was run again) goes on from it."""
         super().__init__()
         self.spec = spec
         self.planner = spec.planner()
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
-        self.restart_cost_s = spec.restart_cost_s if restart_cost_s is None else restart_cost_s
-        self.in_place_cost_s = spec.in_place_cost_s if in_place_cost_s is None else in_place_cost_s
-        self.reconfigure = reconfigure or spec.reconfigure
+        # The one owner of what a switch costs: the planner charges it, measured switches update it.
+        self.book = SwitchCostBook(spec.restart_cost_s, spec.in_place_cost_s, spec.reconfigure)
         self.history: list[dict] = []
         self.evaluations: list[dict] = []
-        self.pending: dict | None = None
+        self.pending: SwitchOrder | None = None
+        self.awaiting: Reconfiguration | None = None  # a switch whose downtime the next step gives
         self._interval_start: float | None = None
         self.restarts = 0
         self.state_path = Location.parse(state_path) if state_path else None
@@ -85,9 +78,11 @@ class Controller(RecordQueue):
 
     def _recover(self, saved: dict) -> None:
         self.history, self.evaluations = saved["history"], saved["evaluations"]
-        self.restart_cost_s, self.in_place_cost_s = saved["restart_cost_s"], saved["in_place_cost_s"]
-        self.reconfigure, self._interval_start = saved["reconfigure"], saved["interval_start"]
-        self.pending, self.restarts = saved["pending"], saved["restarts"] + 1
+        self.book = SwitchCostBook(saved["restart_cost_s"], saved["in_place_cost_s"], saved["reconfigure"])
+        self._interval_start = saved["interval_start"]
+        self.pending = SwitchOrder.from_dict(saved["pending"]) if saved["pending"] else None
+        self.restarts = saved["restarts"] + 1
+        self.awaiting = Reconfiguration.from_dict(saved["awaiting"]) if saved.get("awaiting") else None
         self.last_val_loss = saved.get("last_val_loss") or float("nan")
 
     def _save(self) -> None:
@@ -96,12 +91,11 @@ class Controller(RecordQueue):
         state = {
             "history": self.history[-self.HISTORY_KEPT :],
             "evaluations": self.evaluations[-self.EVALUATIONS_KEPT :],
-            "restart_cost_s": self.restart_cost_s,
-            "in_place_cost_s": self.in_place_cost_s,
-            "reconfigure": self.reconfigure,
+            **self.book.as_dict(),
             "interval_start": self._interval_start,
             "restarts": self.restarts,
-            "pending": self.pending,
+            "pending": self.pending.as_dict() if self.pending else None,
+            "awaiting": self.awaiting.as_dict() if self.awaiting else None,
             "last_val_loss": _finite(self.last_val_loss),
         }
         self.state_path.write_json(state, indent=None)
@@ -117,8 +111,20 @@ class Controller(RecordQueue):
         r = parse_record(record)
         if isinstance(r, EvalRecord):
             self.last_val_loss = float(r.val_loss)
+        elif isinstance(r, ReconfigureRecord):
+            self.awaiting = r.reconfiguration()
+            self._learn(self.awaiting)
         elif isinstance(r, StepRecord):
+            if self.awaiting is not None:
+                self.awaiting.measure_downtime(r.wall_clock_s, r.step_time_s)
+                self._learn(self.awaiting)
+                self.awaiting = None
             self._observe(r)
+
+    def _learn(self, change: Reconfiguration) -> None:
+        """A switch the workers made (the records rank 0 sends): what it says about the next."""
+        self.book.observe(change)
+        self._save()
 
     def _observe(self, r: StepRecord) -> None:
         """Keep the step in the history; once per decision interval (and no switch pending), ask
@@ -163,30 +169,12 @@ class Controller(RecordQueue):
         self.evaluations.append(
             {**entry, "switch": d.switch, "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
         )
-        if d.switch:
-            self.pending = self._pending_switch(d, b_noise)
+        if d.switch:  # what rank 0 collects: the target and why (the reconfigure record carries it)
+            critical = self.planner.critical_batch(b_noise, self.last_val_loss)
+            source = self.planner.mapping.source
+            self.pending = order_from_decision(d, b_noise, critical, self.last_val_loss, source, self.book.way)
 
-    def _pending_switch(self, d: Decision, b_noise: float) -> dict:
-        """What rank 0 collects: the target configuration and why (the reconfigure record carries it)."""
-        return {
-            "config": d.target.as_dict(),
-            "change": d.kind,
-            "cost_s": d.cost_s,
-            "reason": d.reason,
-            "b_noise": b_noise if math.isfinite(b_noise) else None,
-            "predicted_gain": d.predicted_gain if math.isfinite(d.predicted_gain) else None,
-            "predicted_goodput": d.best.goodput,
-            "current_predicted_goodput": d.current.goodput,
-            "predicted_throughput": d.best.throughput,
-            "predicted_efficiency": d.best.efficiency,
-            "current_predicted_efficiency": d.current.efficiency,
-            "predicted_efficiency_gain": _ratio(d.best.efficiency, d.current.efficiency),
-            "critical_batch": _finite(self.planner.critical_batch(b_noise, self.last_val_loss)),
-            "val_loss": _finite(self.last_val_loss),
-            "efficiency_source": self.planner.mapping.source,
-        }
-
-    def decision(self) -> dict | None:
+    def decision(self) -> SwitchOrder | None:
         """The switch decided since the last call, if any (rank 0, at a step boundary)."""
         out, self.pending = self.pending, None
         if out is not None:
@@ -194,29 +182,13 @@ class Controller(RecordQueue):
         return out
 
     def costs(self) -> SwitchCosts:
-        """What a switch costs the way this run makes it. An MBS change in place only rebuilds
-        the pipeline schedule."""
-        if self.reconfigure == "restart":
-            return SwitchCosts(self.restart_cost_s, self.restart_cost_s)
-        return SwitchCosts(self.in_place_cost_s, 0.0)
-
-    def observed_downtime(self, seconds: float, in_place: bool, kind: str, fell_back: bool = False) -> None:
-        """The driver measured a reconfiguration: the next one of its way costs the same. After
-        an in-place change fell back to a restart, the run restarts for every later change."""
-        if not in_place:
-            self.restart_cost_s = seconds
-        elif kind == "layout":
-            self.in_place_cost_s = seconds
-        if fell_back:
-            self.reconfigure = "restart"
-        self._save()
+        return self.book.costs()
 
     def snapshot(self) -> dict:
         return {
-            "restart_cost_s": self.restart_cost_s,
-            "in_place_cost_s": self.in_place_cost_s,
+            **{k: v for k, v in self.book.as_dict().items() if k != "reconfigure"},
             "restarts": self.restarts,
-            "reconfigure": self.reconfigure,
+            "reconfigure": self.book.way,
             "decisions": len(self.evaluations),
             "steps_observed": len(self.history),
             "evaluations": self.evaluations[-200:],
@@ -225,10 +197,6 @@ class Controller(RecordQueue):
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return _finite(a / b) if b and math.isfinite(b) and b > 0 else None
 
 
 GoodputController = ray.remote(num_cpus=0)(Controller)

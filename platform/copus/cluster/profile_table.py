@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,42 @@ def profile_key(workload: dict, hardware: dict, world_size: int) -> dict:
 
 def key_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+ROW_FIELDS = ("dp", "tp", "pp", "mbs", "gbs")
+
+
+def row_problem(row) -> str | None:
+    """Why `row` is not a profile-table row (None when it is): a configuration of positive sizes,
+    a status, and for a measured one a positive step time."""
+    if not isinstance(row, dict):
+        return "a row is not a mapping"
+    sizes = [row.get(k) for k in ROW_FIELDS]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
+        return f"a row's {'/'.join(ROW_FIELDS)} are not positive integers"
+    if row.get("status") not in ("ok", "infeasible"):
+        return f"a row's status is {row.get('status')!r}"
+    time_s = row.get("step_time_s")
+    measured = (
+        isinstance(time_s, (int, float)) and not isinstance(time_s, bool) and math.isfinite(time_s) and time_s > 0
+    )
+    if row["status"] == "ok" and not measured:
+        return f"a measured row's step_time_s is {time_s!r}"
+    return None
+
+
+def table_problem(data, complete: bool = False) -> str | None:
+    """Why `data` is not a profile table's rows (None when it is); `complete`: nor a whole table
+    as `ProfileTable.load` reads it (key, creation time, fitted model)."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return "no rows"
+    if complete and not (
+        isinstance(data.get("key"), dict)
+        and isinstance(data.get("created"), (int, float))
+        and isinstance(data.get("model") or {}, dict)
+    ):
+        return "key, created or model is damaged"
+    return next((p for p in map(row_problem, data["rows"]) if p), None)
 
 
 @dataclass
@@ -153,13 +190,16 @@ class ProfileTable:
     def load(cls, path: Location | Path) -> "ProfileTable":
         try:
             data = Location.parse(path).read_json()
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, ValueError) as err:
             raise ProfileTableError(f"{path}: not a readable profile table ({err})") from None
-        if data.get("schema_version") != SCHEMA_VERSION:
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
             raise ProfileTableError(
-                f"{path}: schema_version {data.get('schema_version')!r}, this COPUS reads "
-                f"{SCHEMA_VERSION}; profile again with --refresh"
+                f"{path}: schema_version {version!r}, this COPUS reads {SCHEMA_VERSION}; profile again with --refresh"
             )
+        problem = table_problem(data, complete=True)
+        if problem:
+            raise ProfileTableError(f"{path}: a damaged profile table ({problem}); profile again with --refresh")
         return cls(key=data["key"], rows=data["rows"], model=data.get("model"), created=data["created"])
 
     @classmethod

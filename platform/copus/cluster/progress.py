@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from copus.core.reconfiguration import Reconfiguration
 from copus.records import EvalRecord, Record, StepRecord
 from copus.train.plan import StopRule
 
@@ -45,17 +46,18 @@ def _label(c: dict) -> str:
     return f"dp{c['dp']}-tp{c['tp']}-pp{c['pp']} mbs{c['mbs']} gbs{c['gbs']}"
 
 
-def reconfiguration_line(entry: dict) -> str:
-    how = "in place" if entry["in_place"] else "restart"
-    if entry.get("reshard"):
-        how += f", {entry['reshard']['bytes_moved'] / 2**20:.1f} MiB moved"
-    if entry.get("fell_back"):
-        how += f" after the in-place path failed: {entry['fell_back']}"
-    gain = f"; predicted goodput {entry['predicted_gain']:+.1%}" if entry.get("predicted_gain") is not None else ""
-    noise = f"; B_noise {entry['b_noise']:.1f}" if entry.get("b_noise") is not None else ""
+def reconfiguration_line(change: Reconfiguration) -> str:
+    how = "in place" if change.in_place else "restart"
+    if change.reshard:
+        how += f", {change.reshard['bytes_moved'] / 2**20:.1f} MiB moved"
+    if change.fell_back:
+        how += f" after the in-place path failed: {change.fell_back}"
+    order = change.order
+    gain = f"; predicted goodput {order.predicted_gain:+.1%}" if order and order.predicted_gain is not None else ""
+    noise = f"; B_noise {order.b_noise:.1f}" if order and order.b_noise is not None else ""
     return (
-        f"[{_clock(entry['wall_clock_s'])}] step {entry['step']:>5} | reconfigure {_label(entry['from'])} -> "
-        f"{_label(entry['to'])} ({how}{gain}{noise})"
+        f"[{_clock(change.wall_clock_s)}] step {change.step:>5} | reconfigure {change.from_.label()} -> "
+        f"{change.to.label()} ({how}{gain}{noise})"
     )
 
 

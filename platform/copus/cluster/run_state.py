@@ -8,13 +8,17 @@ checkpoint that cannot fit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from copus.config import ConfigError, ExperimentConfig
+from pydantic import TypeAdapter, ValidationError
+
+from copus.config import ConfigError, ExperimentConfig, format_pydantic_error
 from copus.core.layout import CandidateConfig
-from copus.storage import Location, ray_storage
+from copus.core.reconfiguration import Reconfiguration
+from copus.storage import RAY_STORAGE, Location, ray_storage
 
 RUN_STATE = "run_state.json"
 CONTROLLER_STATE = "controller_state.json"
@@ -23,6 +27,18 @@ FAULT_MARKERS = "faults"  # fault-injection markers (copus.train.faults)
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
 # name-keyed optimiser state for resharding across layouts; 3: manifests and COMPLETE marker).
 CHECKPOINT_FORMAT = 3
+# Everything a run writes in its output directory (besides the hidden temporary file of an
+# atomic write): what --fresh may delete, and all an output directory it starts over in may hold.
+RUN_FILES = (
+    RAY_STORAGE,
+    FAULT_MARKERS,
+    RUN_STATE,
+    "summary.json",
+    RECORDS_LOG,
+    CONTROLLER_STATE,
+    "profiles",
+    "report.html",
+)
 
 
 @dataclass
@@ -32,11 +48,18 @@ class RunState:
     elapsed_s: float = 0.0
     launches: int = 0
     current: dict | None = None  # the configuration the run has reached (dp, tp, pp, mbs, gbs)
-    reconfigurations: list = field(default_factory=list)
-    restart_cost_s: float | None = None  # the last measured restart downtime
-    in_place_cost_s: float | None = None  # the last measured in-place layout change downtime
-    reconfigure: str | None = None  # "restart" once an in-place change fell back (sticky)
+    reconfigurations: list[Reconfiguration] = field(default_factory=list)
     worker_failures: list = field(default_factory=list)  # worker groups Ray Train restarted, and what was lost
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["reconfigurations"] = [r.as_dict() for r in self.reconfigurations]
+        return out
+
+
+# Written by runs before the controller became the one owner of what a switch costs (its state
+# file keeps it): read and dropped, so such a run still resumes.
+_RETIRED_KEYS = frozenset({"restart_cost_s", "in_place_cost_s", "reconfigure"})
 
 
 def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
@@ -54,18 +77,32 @@ def resume_key(cfg: ExperimentConfig, data_fingerprint: str) -> str:
 
 
 def clear_run(output_dir: Location) -> None:
-    """--fresh: forget checkpoints and run state (keeps anything else the user put there)."""
+    """--fresh: forget checkpoints and run state (profile tables and reports are kept). Only in
+    a directory that holds nothing but a run's files: anything else (the current directory given
+    by mistake, a folder of the user's) means these names may not be a run's either, and it is
+    refused with nothing deleted."""
+    foreign = sorted(c.name for c in output_dir.iterdir() if c.name not in RUN_FILES and not _temporary(c.name))
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"output_dir: {output_dir} holds files a COPUS run does not write ({listed}): --fresh deletes "
+            f"a run's files only where nothing else is; use another output_dir"
+        )
     ray_storage(output_dir).rmtree()
     (output_dir / FAULT_MARKERS).rmtree()
     for name in (RUN_STATE, "summary.json", RECORDS_LOG, CONTROLLER_STATE):
         (output_dir / name).unlink(missing_ok=True)
 
 
+def _temporary(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def load_run_state(output_dir: Location, key: str) -> RunState:
     path = output_dir / RUN_STATE
     if not path.is_file():
         return RunState(resume_key=key)
-    state = RunState(**path.read_json())
+    state = _parsed_run_state(path)
     if state.resume_key != key:
         raise ConfigError(
             f"output_dir: {output_dir} holds a run this configuration cannot resume (model, seq_len, "
@@ -73,6 +110,29 @@ def load_run_state(output_dir: Location, key: str) -> RunState:
             f"output_dir"
         )
     return state
+
+
+def _parsed_run_state(path: Location) -> RunState:
+    """run_state.json as a RunState, or ConfigError naming the file when it is not one."""
+    try:
+        data = path.read_json()
+    except (UnicodeDecodeError, ValueError) as err:
+        data, why = None, f"not JSON ({type(err).__name__})"
+    else:
+        why = "not a run state (expected an object with resume_key)"
+    known = {f.name for f in dataclasses.fields(RunState)} | _RETIRED_KEYS
+    if isinstance(data, dict) and "resume_key" in data and set(data) <= known:
+        data = {k: v for k, v in data.items() if k not in _RETIRED_KEYS}
+        changes = data.pop("reconfigurations", [])
+        try:  # the field types too: a resumed run computes with them
+            state = TypeAdapter(RunState).validate_python(data)
+            state.reconfigurations = [Reconfiguration.from_dict(c) for c in changes]
+            return state
+        except ValidationError as err:
+            why = f"{format_pydantic_error(err)}"
+        except (KeyError, TypeError, AttributeError) as err:
+            why = f"reconfigurations: not a list of reconfigurations ({type(err).__name__}: {err})"
+    raise ConfigError(f"output_dir: {path} is damaged: {why}; use --fresh to start over there, or another output_dir")
 
 
 def resume_config(reached: dict | None, start: CandidateConfig) -> tuple[CandidateConfig, str | None]:
@@ -93,4 +153,4 @@ def resume_config(reached: dict | None, start: CandidateConfig) -> tuple[Candida
 
 def save_run_state(output_dir: Location, state: RunState) -> None:
     output_dir.mkdir()
-    (output_dir / RUN_STATE).write_json(asdict(state))
+    (output_dir / RUN_STATE).write_json(state.as_dict())

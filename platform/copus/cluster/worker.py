@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray.train
 
+from copus.core.reconfiguration import SwitchOrder
 from copus.records import CheckpointRefusedRecord
 from copus.storage import Location
 from copus.train.checkpoint import newest_complete, resume_candidates
@@ -17,9 +20,27 @@ from copus.train.plan import WorkerPlan
 from copus.train.profile import measure_points
 
 
+@dataclass(frozen=True)
+class TrainLaunch:
+    """What a training worker group is launched with (the driver's `launch_trainer`)."""
+
+    plan: WorkerPlan
+    monitor: Any  # the actor rank 0 reports to: the Goodput controller or a RunMonitor
+    clock_origin: float  # time.time() at which the run (all its launches) started
+    adaptive: bool  # rank 0 asks the controller for decisions at step boundaries
+    faults: Faults = field(default_factory=Faults)
+    record_sample_ids: bool = False
+    controller_timeout_s: float = 10.0  # a controller slower than this to answer means no decision
+    checkpoint_root: Location | None = None  # the Ray run's storage: older checkpoints to fall back to
+
+    def as_loop_config(self) -> dict:
+        """Ray Train hands its workers a dict: this launch under one key."""
+        return {"launch": self}
+
+
 def train_worker(loop_config: dict) -> dict:
-    plan: WorkerPlan = loop_config["plan"]
-    monitor = loop_config["monitor"]
+    launch: TrainLaunch = loop_config["launch"]
+    plan, monitor = launch.plan, launch.monitor
     rank = ray.train.get_context().get_world_rank()
 
     def emit(record: dict) -> None:
@@ -29,30 +50,30 @@ def train_worker(loop_config: dict) -> dict:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
 
     with contextlib.ExitStack() as stack:
-        resume_dir, refused = newest_complete(_resume_candidates(loop_config), stack, _node_copy)
+        resume_dir, refused = newest_complete(_resume_candidates(launch.checkpoint_root), stack, _node_copy)
         if rank == 0:
             for path, reason in refused:
                 monitor.push.remote(CheckpointRefusedRecord(path=str(path), reason=reason).as_dict())
         hooks = LoopHooks(
             persist_checkpoint=persist,
             resume_from=resume_dir,
-            clock_origin=loop_config["clock_origin"],
-            faults=loop_config.get("faults", Faults()),
-            record_sample_ids=loop_config.get("record_sample_ids", False),
+            clock_origin=launch.clock_origin,
+            faults=launch.faults,
+            record_sample_ids=launch.record_sample_ids,
         )
         if rank == 0:  # only rank 0 speaks to the driver (and the controller)
             hooks.emit = emit
-            if loop_config.get("adaptive"):
-                hooks.decide = _patient_decisions(monitor, loop_config.get("controller_timeout_s", 10.0))
-        elif loop_config.get("adaptive"):
+            if launch.adaptive:
+                hooks.decide = _patient_decisions(monitor, launch.controller_timeout_s)
+        elif launch.adaptive:
             hooks.decide = lambda step, current: None  # follows rank 0's broadcast
         return run_training(plan, hooks)
 
 
-def _resume_candidates(loop_config: dict) -> list[Location]:
-    """The checkpoint Ray Train hands over, then the older ones in the run's storage: a torn or
-    corrupt latest checkpoint is refused and an older complete one used."""
-    latest, root = ray.train.get_checkpoint(), loop_config.get("checkpoint_root")
+def _resume_candidates(root: Location | None) -> list[Location]:
+    """The checkpoint Ray Train hands over, then the older ones in the run's storage (`root`): a
+    torn or corrupt latest checkpoint is refused and an older complete one used."""
+    latest = ray.train.get_checkpoint()
     if latest is None:
         return []
     if root is None:
@@ -72,7 +93,7 @@ def _patient_decisions(controller, timeout_s: float):
     and training goes on in the current configuration."""
     warned = {"down": False}
 
-    def decide(step: int, current) -> dict | None:
+    def decide(step: int, current) -> SwitchOrder | None:
         try:
             decision = ray.get(controller.decision.remote(), timeout=timeout_s)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:

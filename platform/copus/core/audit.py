@@ -52,6 +52,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
+from copus.core.layout import CandidateConfig
+from copus.core.reconfiguration import EfficiencyAudit, Reconfiguration
+
 LOG_RHO = (math.log(1.0 / 20.0), math.log(20.0))
 SHAPE_BOUNDS = ([-8.0, -3.0], [5.0, 3.0])  # log c (window spans), log α
 CHI2_95 = 3.841458820694124  # χ²₁ quantile at 0.95
@@ -186,10 +189,6 @@ def realized_gain(
     return GainEstimate(math.exp(theta[0]), (lo_rho, hi_rho), n_b, n_a, note)
 
 
-def _changes_gbs(entry: dict) -> bool:
-    return bool(entry.get("from")) and bool(entry.get("to")) and entry["from"].get("gbs") != entry["to"].get("gbs")
-
-
 def _step_curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(samples, train loss) of the step records, one per step: a step redone after a worker
     failure or a resume keeps its last record (the attempt the run went on from)."""
@@ -201,52 +200,52 @@ def _step_curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
 
 
-def _predicted(entry: dict, records: list[dict]) -> float | None:
-    """The controller's SE(new)/SE(old) for this change: the entry's, else its reconfigure record's."""
-    value = entry.get("predicted_efficiency_gain")
+def _predicted(change: Reconfiguration, records: list[dict]) -> float | None:
+    """The controller's SE(new)/SE(old) for this change: its order's, else its reconfigure record's."""
+    value = change.order.predicted_efficiency_gain if change.order is not None else None
     if value is None:
         value = next(
             (
                 r.get("predicted_efficiency_gain")
                 for r in records
-                if r.get("kind") == "reconfigure"
-                and r.get("step") == entry.get("step")
-                and r.get("to") == entry.get("to")
+                if r.get("kind") == "reconfigure" and r.get("step") == change.step and _same(r.get("to"), change.to)
             ),
             None,
         )
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def _same(written: dict | None, config: CandidateConfig) -> bool:
+    """A record's configuration (as written, maybe by an older version without every field) is `config`."""
+    try:
+        return CandidateConfig.from_dict(written) == config
+    except (KeyError, TypeError):
+        return False
+
+
 def audit_reconfigurations(
-    entries: list[dict], records: list[dict], *, run_start_samples: float = 0.0, settle_steps: int = 5
-) -> list[dict]:
-    """Each reconfiguration entry (step, samples, from, to, ...) with, added:
-    `predicted_efficiency_gain` (the controller's SE(to.gbs)/SE(from.gbs), None when the decision
-    did not carry it), `realized_efficiency_gain` (ρ̂ of `realized_gain` for a change of GBS, its
-    window before bounded by the previous change of GBS (less its settling steps) or
-    `run_start_samples` (e.g. the end of the LR warm-up), after by the next one or the run's end,
-    less `settle_steps` right after the change), `realized_efficiency_interval`
-    ([low, high], 95%), `audit_points` ({before, after}) and `audit_note` (how, or why not).
-    `records`: the run's records (kind "step" with samples and train_loss; "reconfigure" ones
-    may carry predicted_efficiency_gain). The input entries are left unchanged.
+    changes: list[Reconfiguration], records: list[dict], *, run_start_samples: float = 0.0, settle_steps: int = 5
+) -> list[Reconfiguration]:
+    """Each reconfiguration with its audit (`EfficiencyAudit`): `predicted_efficiency_gain` (the
+    controller's SE(to.gbs)/SE(from.gbs), None when the order did not carry it),
+    `realized_efficiency_gain` (ρ̂ of `realized_gain` for a change of GBS, its window before
+    bounded by the previous change of GBS (less its settling steps) or `run_start_samples` (e.g.
+    the end of the LR warm-up), after by the next one or the run's end, less `settle_steps` right
+    after the change), `realized_efficiency_interval` ([low, high], 95%), `audit_points`
+    ({before, after}) and `audit_note` (how, or why not). `records`: the run's records (kind
+    "step" with samples and train_loss; "reconfigure" ones may carry predicted_efficiency_gain).
+    The input changes are left unchanged.
     """
     samples, loss = _step_curve(records)
-    switches = sorted(float(e["samples"]) for e in entries if _changes_gbs(e) and e.get("samples") is not None)
+    switches = sorted(float(c.samples) for c in changes if c.changes_gbs and c.samples is not None)
     out = []
-    for entry in entries:
-        audited = {
-            **entry,
-            "predicted_efficiency_gain": _predicted(entry, records),
-            "realized_efficiency_gain": None,
-            "realized_efficiency_interval": None,
-            "audit_points": None,
-        }
-        if not _changes_gbs(entry) or entry.get("samples") is None:
-            audited["audit_note"] = "no change of GBS: nothing to audit"
-            out.append(audited)
+    for change in changes:
+        predicted = _predicted(change, records)
+        if not change.changes_gbs or change.samples is None:
+            note = "no change of GBS: nothing to audit"
+            out.append(change.audited(EfficiencyAudit(predicted_efficiency_gain=predicted, audit_note=note)))
             continue
-        at = float(entry["samples"])
+        at = float(change.samples)
         previous = max([s for s in switches if s < at], default=None)
         start = run_start_samples if previous is None else max(previous, run_start_samples)
         end = min([s for s in switches if s > at], default=None)
@@ -259,11 +258,12 @@ def audit_reconfigurations(
             settle_steps=settle_steps,
             settle_before=settle_steps if previous is not None and previous >= start else 0,
         )
-        audited.update(
+        audit = EfficiencyAudit(
+            predicted_efficiency_gain=predicted,
             realized_efficiency_gain=est.rho,
-            audit_note=est.note,
             realized_efficiency_interval=list(est.interval) if est.interval else None,
             audit_points={"before": est.n_before, "after": est.n_after},
+            audit_note=est.note,
         )
-        out.append(audited)
+        out.append(change.audited(audit))
     return out

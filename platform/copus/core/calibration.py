@@ -33,7 +33,7 @@ Pure: numpy and scipy, no torch, no ray.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 from scipy import stats
@@ -138,6 +138,71 @@ def finite_json(value):
     if isinstance(value, (list, tuple)):
         return [finite_json(v) for v in value]
     return value
+
+
+# A branch point's values that were measured: a number, or null where nothing was measurable.
+_MEASURED = (
+    "val_loss",
+    "decrement",
+    "b_crit",
+    "b_crit_low",
+    "b_crit_high",
+    "e_min",
+    "s_min",
+    "chi2_p",
+    "b_noise",
+    "b_noise_adam",
+    "b_noise_run",
+    "c",
+)
+_SERIES = ("mean_samples", "sd_samples", "efficiency")  # one value (or null) per GBS of the grid
+
+
+def _number_or_null(value) -> bool:
+    return value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def branch_point_problem(d) -> str | None:
+    """Why `d` is not a branch point of a calibration file, one `BranchFit` holds (None when it is)."""
+    if not isinstance(d, dict):
+        return "not a mapping"
+    missing = [f.name for f in fields(BranchFit) if f.default is MISSING and f.name not in d]
+    if missing:
+        return f"{missing[0]} missing"
+    wrong = [k for k in _MEASURED if k in d and not _number_or_null(d[k])]
+    if wrong or not _count(d["samples_seen"]) or not isinstance(d["fit_ok"], bool):
+        return f"{(wrong or ['samples_seen or fit_ok'])[0]} has the wrong type"
+    if not isinstance(d["gbs"], list) or not all(_count(g, 1) for g in d["gbs"]):
+        return "gbs: expected a list of batch sizes"
+    for key in _SERIES:
+        if not isinstance(d[key], list) or len(d[key]) != len(d["gbs"]) or not all(map(_number_or_null, d[key])):
+            return f"{key}: expected a number or null per batch size of gbs"
+    return None
+
+
+def calibration_problem(data) -> str | None:
+    """Why `data` is not what `copus calibrate` writes (calibration-<id>.json; None when it is):
+    what the planner and the report read of it, each of the type they read it as."""
+    if not isinstance(data, dict) or not isinstance(data.get("key"), dict) or data["key"].get("kind") != "calibration":
+        return "no key.kind 'calibration'"
+    if not isinstance(data.get("branch_points"), list) or not data["branch_points"]:
+        return "branch_points: expected a non-empty list"
+    for i, point in enumerate(data["branch_points"]):
+        problem = branch_point_problem(point)
+        if problem:
+            return f"branch_points[{i}]: {problem}"
+    if not all(_number_or_null(data.get(k)) for k in ("reference_gbs", "decrement", "wall_clock_s")):
+        return "reference_gbs, decrement or wall_clock_s is not a number"
+    points = data.get("points") or []
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        return "points: expected a list of mappings"
+    if not all(isinstance(v or {}, dict) for v in (data.get("settings"), data["key"].get("workload"))):
+        return "settings or key.workload: expected a mapping"
+    return None
 
 
 def branch_fit_from_dict(d: dict) -> BranchFit:

@@ -66,7 +66,25 @@ class LossCurve:
     beta: float = 0.28
 
     def loss(self, params: float, tokens: float) -> float:
-        return self.e + self.a / params**self.alpha + self.b / max(tokens, 1.0) ** self.beta
+        return self.floor(params) + self.b / power(max(tokens, 1.0), self.beta)
+
+    def floor(self, params: float) -> float:
+        """The loss after infinitely many tokens: no target at or below it is ever reached."""
+        return self.e + self.a / power(params, self.alpha)
+
+    def tokens_to(self, params: float, target: float) -> float | None:
+        """Tokens (at a vanishingly small batch) the curve needs to reach `target`; None when never."""
+        floor = self.floor(params)
+        return power(self.b / (target - floor), 1.0 / self.beta) if target > floor else None
+
+
+def power(x: float, y: float) -> float:
+    """x ** y, infinite where a float overflows (a fit's exponent far outside the published ones
+    must give a run that never gets there, not an error)."""
+    try:
+        return x**y
+    except OverflowError:
+        return math.inf
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class CriticalBatch:
     def tokens(self, loss: float) -> float:
         if self.flat_tokens is not None:
             return self.flat_tokens
-        return self.b_star_tokens / loss ** (1.0 / self.alpha_b)
+        return self.b_star_tokens / power(loss, 1.0 / self.alpha_b)
 
 
 @dataclass(frozen=True)
@@ -303,6 +321,15 @@ class Setting:
     recompute: tuple[str, ...] = ("none", "selective", "full")
 
 
+# The most steps and planner decisions one simulated run takes: far above the paper's settings
+# (about 75,000 steps and 250 decisions), few enough that any setting ends within seconds (a
+# step costs microseconds, a decision the planner makes about a millisecond; a static policy's
+# "nothing to decide" costs nothing and is not counted). A run stopped there has not reached
+# the target; `SimResult.stopped` says why.
+MAX_STEPS = 1_000_000
+MAX_DECISIONS = 5_000
+
+
 def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[CandidateConfig], np.ndarray]:
     """Memory-feasible candidates and their samples/s on the modelled cluster (GBS from
     `gbs_min`, default the setting's)."""
@@ -315,7 +342,7 @@ def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[Candidate
         if memory_fits(s.cluster, s.shape, s.seq_len, c)
     ]
     if not cands:
-        raise ValueError("no configuration of the search space fits the modelled memory")
+        raise ValueError("search: no configuration of the search space fits the modelled memory")
     return cands, np.array([c.gbs / step_time(s.cluster, s.shape, s.seq_len, c) for c in cands])
 
 
@@ -337,6 +364,7 @@ class SimResult:
     start: CandidateConfig
     final: CandidateConfig
     timeline: list[dict]  # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
+    stopped: str | None = None  # why a run that did not reach the target ended: max_hours, max_steps, max_decisions
 
     def as_dict(self) -> dict:
         return {
@@ -348,6 +376,7 @@ class SimResult:
             "final_loss": self.final_loss,
             "start": self.start.as_dict(),
             "final": self.final.as_dict(),
+            "stopped": self.stopped,
         }
 
 
@@ -379,7 +408,8 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
     t, steps, samples, next_decision, limit = 0.0, 0, 0, s.interval_s, s.max_hours * 3600
     changes: list[dict] = []
     timeline = [_timeline_point(0.0, model, float("nan"), current)]
-    while model.loss > s.target_loss and t < limit:
+    decided = 0
+    while model.loss > s.target_loss and t < limit and steps < MAX_STEPS and decided < MAX_DECISIONS:
         t += step_times[current]
         model.step(current.gbs)
         steps += 1
@@ -390,6 +420,7 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
         b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
         timeline.append(_timeline_point(t, model, b_noise, current))
         d = policies.decide(policy, plan, current, b_noise, s.critical_factor, s.interval_s, costs)
+        decided += d is not None
         if d is not None and d.switch:
             downtime = costs.of(current, d.target)
             changes.append(
@@ -399,7 +430,10 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
             t += downtime
             current = d.target
     reached = model.loss <= s.target_loss
-    return SimResult(policy, t if reached else None, steps, samples, changes, model.loss, start, current, timeline)
+    stopped = None if reached else "max_hours" if t >= limit else "max_steps" if steps >= MAX_STEPS else "max_decisions"
+    return SimResult(
+        policy, t if reached else None, steps, samples, changes, model.loss, start, current, timeline, stopped
+    )
 
 
 def best_layout_by_gbs(s: Setting) -> list[dict]:

@@ -51,6 +51,11 @@ class ParallelDims:
         many times."""
         if self._mesh is None:
             return
+        # Every rank past its last operation on these groups before any rank closes them: a
+        # group's connections closed while a peer still reads from them (a broadcast it has not
+        # finished receiving) fail that peer with "Connection closed by peer". The world group
+        # lives on, so waiting on it is safe.
+        dist.barrier()
         world = dist.group.WORLD
         for name in MESH_DIMS:
             group = self._mesh.get_group(name)

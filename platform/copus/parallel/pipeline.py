@@ -1,8 +1,7 @@
 """Pipeline parallelism with torch.distributed.pipelining.
 
-`keep_stage` cuts the full model down to one stage at layer boundaries, keeping the
-parameter names of the unsplit model (layers are a ModuleDict keyed by layer index), so DCP
-checkpoints line up across layouts. `PipelineRunner` builds a PipelineStage and a GPipe or
+How a model is cut into stages is its family's (`ModelSpec.keep_stage`, workloads.registry).
+`PipelineRunner` builds a PipelineStage and a GPipe or
 1F1B schedule for the current (micro-batch size, micro-batch count), rebuilt only when those
 change.
 """
@@ -17,24 +16,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from copus.core.layout import stage_layer_ranges
-
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-def keep_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """Drop what this stage does not run: other stages' layers; the embedding unless first;
-    the final norm and LM head unless last."""
-    keep = stage_layer_ranges(len(model.layers), num_stages)[stage]
-    for name in list(model.layers.keys()):
-        if int(name) not in keep:
-            del model.layers[name]
-    if stage != 0:
-        model.tok_embeddings = None
-    if stage != num_stages - 1:
-        model.norm = None
-        model.output = None
-    return model
 
 
 def _scaled(loss_fn: Callable, divisor: int, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

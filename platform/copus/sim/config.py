@@ -16,12 +16,23 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from copus.config import ConfigError, FieldProblem, Section, apply_overrides, format_pydantic_error, read_yaml
+from copus.config import (
+    ConfigError,
+    FieldProblem,
+    LocalPath,
+    PositiveInt,
+    Section,
+    Seed,
+    apply_overrides,
+    format_pydantic_error,
+    read_yaml,
+)
 from copus.core.datasheets import NODES
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.simulator import (
+    MAX_STEPS,
     CalibratedCriticalBatch,
     Cluster,
     CriticalBatch,
@@ -54,8 +65,9 @@ class SimParallel(Section):
 class SimSearch(Section):
     gbs_min: int = Field(32, ge=1)
     gbs_max: int = Field(2048, ge=1)
-    mbs: list[int] = [1, 2, 4]
-    layouts: list[tuple[int, int, int]] | None = None  # default: every valid layout of the cluster
+    mbs: list[PositiveInt] = Field([1, 2, 4], min_length=1)
+    # default: every valid layout of the cluster
+    layouts: list[tuple[PositiveInt, PositiveInt, PositiveInt]] | None = Field(None, min_length=1)
     dp_shard: list[DpShard] = list(DP_SHARD_MODES)  # sharded data parallelism the planner may choose
     recompute: list[Recompute] = list(RECOMPUTE_MODES)  # activation recomputation it may choose
 
@@ -90,13 +102,13 @@ class SimCriticalBatch(Section):
 class SimTraining(Section):
     """The truth: loss against effective tokens, and the true critical batch against the loss
     (the published fit under `critical_batch`, or measured: `calibration`, a `copus calibrate`
-    JSON, relative to the simulation file)."""
+    JSON; a relative path is relative to the current directory, as every path)."""
 
     target_loss: float = Field(gt=0.0)
     max_hours: float = Field(24.0 * 60, gt=0.0)  # simulated time limit
     loss_curve: SimLossCurve = SimLossCurve()
     critical_batch: SimCriticalBatch = SimCriticalBatch()
-    calibration: str | None = None
+    calibration: LocalPath | None = None
 
     @model_validator(mode="after")
     def _one_critical_batch(self) -> "SimTraining":
@@ -110,9 +122,9 @@ class SimEstimate(Section):
     estimate's relative noise (`noise` its σ, seeded by `seed`), c = policy.critical_factor."""
 
     mapping_error: float = Field(1.0, gt=0.0)
-    noise: float = Field(0.0, ge=0.0)
+    noise: float = Field(0.0, ge=0.0, le=10.0)  # sigma: at 10 the estimate is already off by e^10 at one z
     distribution: Literal["lognormal", "gaussian"] = "lognormal"
-    seed: int = 0
+    seed: Seed = 0
 
 
 class SimPaper(Section):
@@ -158,7 +170,29 @@ class SimConfig(Section):
         if problems:  # the layout rules name experiment fields; here the cluster is nodes x node
             field, message = problems[0]
             raise FieldProblem(field.replace("cluster.num_workers", "cluster.nodes"), message)
+        _check_reachable(self)
         return self
+
+
+def _check_reachable(cfg: SimConfig) -> None:
+    """A target the truth never reaches, or reaches only after more steps than the simulator
+    takes (copus.core.simulator.MAX_STEPS) even at the largest GBS, is refused before simulating."""
+    t = cfg.training
+    curve, params = LossCurve(**t.loss_curve.model_dump()), FLAVOURS[cfg.model].param_count()
+    tokens = curve.tokens_to(params, t.target_loss)
+    if tokens is None:
+        raise FieldProblem(
+            "training.target_loss",
+            f"{t.target_loss:g} is never reached: the loss curve's floor for {cfg.model} is "
+            f"{curve.floor(params):.4g} (training.loss_curve: e + a / N^alpha)",
+        )
+    steps = tokens / (cfg.search.gbs_max * cfg.seq_len)
+    if steps > MAX_STEPS:
+        raise FieldProblem(
+            "training.target_loss",
+            f"{t.target_loss:g} needs at least {steps:.3g} steps even at search.gbs_max {cfg.search.gbs_max} and "
+            f"seq_len {cfg.seq_len}, more than the simulator's {MAX_STEPS:,}: raise the target, seq_len or gbs_max",
+        )
 
 
 def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None) -> SimConfig:
@@ -171,7 +205,7 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
         raise ConfigError(f"{path}: {format_pydantic_error(err)}") from None
     if cfg.training.calibration is None:
         return cfg
-    calibration = (Path(path).parent / cfg.training.calibration).resolve()
+    calibration = Path(cfg.training.calibration).expanduser().resolve()
     try:
         read_calibration(calibration)
     except ConfigError as err:

@@ -57,8 +57,10 @@ def run_simulation(cfg: SimConfig) -> dict:
     }
 
 
-def _hours(seconds: float | None) -> str:
-    return f"{seconds / 3600:8.2f} h" if seconds is not None else "not reached"
+def _hours(seconds: float | None, stopped: str | None = None) -> str:
+    if seconds is not None:
+        return f"{seconds / 3600:8.2f} h"
+    return f"not reached ({stopped})" if stopped else "not reached"
 
 
 def _pct(x: float | None) -> str:
@@ -86,7 +88,7 @@ def simulation_text(result: dict) -> str:
     ]
     for policy, r in result["policies"].items():
         lines.append(
-            f"{policy:<16} {_hours(r['time_to_target_s']):>14} {r['reconfigurations']:>7}  "
+            f"{policy:<16} {_hours(r['time_to_target_s'], r.get('stopped')):>14} {r['reconfigurations']:>7}  "
             f"{CandidateConfig.from_dict(r['start']).label():<46} {CandidateConfig.from_dict(r['final']).label()}"
         )
     paper = result["paper"].get("copus_speedup_vs_fastest_baseline")

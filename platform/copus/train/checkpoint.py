@@ -112,18 +112,32 @@ class CheckpointError(RuntimeError):
     pass
 
 
+# Any of these from reading a marker or manifest means it is damaged (torn, truncated, not ours).
+_DAMAGED = (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError)
+MAX_WORLD = 1 << 20  # more ranks than any cluster: a COMPLETE marker saying more is damaged
+
+
 def checkpoint_problems(path: Path) -> list[str]:
-    """Why `path` is not a complete checkpoint (empty when it is)."""
+    """Why `path` is not a complete checkpoint (empty when it is). A marker or manifest that
+    cannot be read is a problem like a file that does not match: the checkpoint is refused."""
     if not (path / COMPLETE).is_file():
         return [f"not marked {COMPLETE} (a write that did not finish)"]
-    world = json.loads((path / COMPLETE).read_text())["world_size"]
+    try:
+        world = json.loads((path / COMPLETE).read_text())["world_size"]
+    except _DAMAGED as err:
+        return [f"{COMPLETE} is damaged ({type(err).__name__})"]
+    if not isinstance(world, int) or not 1 <= world <= MAX_WORLD:
+        return [f"{COMPLETE} is damaged (world_size {world!r})"]
     problems = []
     for rank in range(world):
         m = path / MANIFEST.format(rank=rank)
         if not m.is_file():
             problems.append(f"{m.name} missing")
             continue
-        problems += _manifest_problems(path, json.loads(m.read_text()))
+        try:
+            problems += _manifest_problems(path, json.loads(m.read_text()))
+        except _DAMAGED as err:
+            problems.append(f"{m.name} is damaged ({type(err).__name__})")
     return problems
 
 
@@ -152,7 +166,13 @@ def read_trainer_state(path: Path) -> dict:
     state_file = path / TRAINER_STATE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path}: not a COPUS checkpoint ({TRAINER_STATE} missing)")
-    return json.loads(state_file.read_text())
+    try:
+        state = json.loads(state_file.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{state_file}: not readable JSON ({err})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{state_file}: expected a JSON object")
+    return state
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> dict:

@@ -33,13 +33,12 @@ from copus.parallel.dims import ParallelDims
 from copus.parallel.fsdp import apply_fsdp, reshard_all, set_microbatch_sync, unsharded_parameters
 from copus.parallel.gns_probe import GradNormProbe, NormPair
 from copus.parallel.grads import align_grad_placements, average_data_parallel_grads, clip_grads_, grad_sq_norm
-from copus.parallel.pipeline import PipelineRunner, keep_stage
+from copus.parallel.pipeline import PipelineRunner
 from copus.parallel.recompute import apply_recompute
 from copus.parallel.tensor import apply_tp
+from copus.train.weights import load_hf_weights
 from workloads.flavours import ModelFlavour
-from workloads.hf_weights import load_hf_weights
-from workloads.llama import materialize, skeleton
-from workloads.tp_plan import llama_tp_plan
+from workloads.registry import ModelSpec, model_spec
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -68,14 +67,17 @@ class ParallelModel:
         dp_shard: str = "none",
         recompute: str = "none",
         grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+        spec: ModelSpec | None = None,
     ):
         """dp_shard: "none", "optimizer" or "full" (see the module docstring); with dp = 1 there
         is nothing to shard over and it is "none". recompute: "none", "selective" or "full"
         (copus.parallel.recompute). grad_bucket_bytes: bucket size of the overlapped gradient
-        all-reduce under dp_shard "none"; None or 0 all-reduces everything after backward."""
+        all-reduce under dp_shard "none"; None or 0 all-reduces everything after backward.
+        spec: the model family that builds it (workloads.registry); default: the flavour's."""
         if dp_shard not in DP_SHARD_MODES:
             raise ValueError(f"parallel.dp_shard: unknown mode {dp_shard!r} (known: {', '.join(DP_SHARD_MODES)})")
         self.dims, self.device = dims, device
+        self.spec = spec or model_spec(flavour.family)
         self.autocast_factory = autocast  # e.g. accelerator.autocast; None: full precision
         self.dp_shard = dp_shard if dims.dp > 1 else "none"
         self.recompute = recompute
@@ -128,21 +130,23 @@ class ParallelModel:
 
     def _build_stage(self, flavour, seq_len: int, seed: int, initialize: bool, init_from: str | None, mesh):
         """This rank's pipeline stage, allocated, initialised (or loaded) and tensor-parallel."""
-        tp_mesh = mesh["tp"] if mesh is not None else None
-        model = skeleton(flavour, seq_len)
+        tp_mesh, spec = (mesh["tp"] if mesh is not None else None), self.spec
+        model = spec.skeleton(flavour, seq_len)
         if self.dims.pp > 1:
-            keep_stage(model, self.pp_rank, self.dims.pp)
+            spec.keep_stage(model, self.pp_rank, self.dims.pp)
         if init_from is None:
-            materialize(model, seed, initialize)  # initialize=False: the caller fills in every value
+            spec.materialize(model, seed, initialize)  # initialize=False: the caller fills in every value
             if self.dims.tp > 1:
-                apply_tp(model, tp_mesh, llama_tp_plan(model))
+                apply_tp(model, tp_mesh, spec.tp_plan(model))
         else:
+            if spec.hf is None:
+                raise ValueError(f"workload.init_from: the {spec.family!r} model family reads no Hugging Face weights")
             # Shard the skeleton first, then allocate: a rank holds only its shards, never its whole
             # stage, and fills them from the Hugging Face files (a box of each tensor).
             if self.dims.tp > 1:
-                apply_tp(model, tp_mesh, llama_tp_plan(model))
-            materialize(model, seed, initialize=False)
-            load_hf_weights(model, init_from, flavour.head_dim)
+                apply_tp(model, tp_mesh, spec.tp_plan(model))
+            spec.materialize(model, seed, False)
+            load_hf_weights(model, init_from, flavour, spec.hf)
         return model.to(self.device)
 
     def attach_probe(self, precondition=None) -> None:

@@ -4,6 +4,7 @@ for debugging a workload before putting it on a cluster."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from copus.core.layout import CandidateConfig
+from copus.core.reconfiguration import SwitchOrder
 from copus.train.faults import Faults
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
@@ -36,7 +38,7 @@ def run_local(
     ckpt_root: Path,
     resume_step: int | None = None,
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
-    decide: Callable[[int, CandidateConfig], dict | None] | None = None,
+    decide: Callable[[int, CandidateConfig], SwitchOrder | None] | None = None,
     faults: Faults = Faults(),
     data_offset: int = 0,
 ) -> tuple[list[dict], dict, dict]:
@@ -64,30 +66,53 @@ def run_local(
     return records, final, params
 
 
-def _rank_main(rank: int, world: int, init_file: str, out_file: str, fn: Callable, args: tuple) -> None:
+# What every rank imports anyway (torch, torch.distributed.checkpoint, the training code): loaded
+# once by multiprocessing's fork server, from which every rank is then forked. 8 ranks started as
+# fresh interpreters on 2 cores spent ~25 s importing torch and copus before their first step.
+FORKSERVER_PRELOAD = ["copus.train.local", "copus.train.gns", "copus.train.reshard_in_place"]
+_FINISHED, _ALL_FINISHED = "copus/ranks_finished", "copus/all_finished"
+
+
+def _rank_main(rank: int, world: int, store_file: str, out_file: str, fn: Callable, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     # accelerate reads the process layout from the environment, as under torchrun or Ray.
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
     )
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.save(fn(*args), f"{out_file}.{rank}")
-        dist.barrier()  # nobody tears down while a peer still talks
-    finally:
-        dist.destroy_process_group()
-    # Skip interpreter teardown: once in CI a finished rank aborted there ("terminate called
-    # without an active exception", gloo threads at exit) after its result was saved.
+    store = dist.FileStore(store_file, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    torch.save(fn(*args), f"{out_file}.{rank}")
+    wait_for_every_rank(store, world)
+    # Leave without tearing anything down: every rank is past its last collective, so no peer
+    # waits on this one's sockets; gloo's and the interpreter's teardown only add risk (once in
+    # CI a finished rank aborted there, "terminate called without an active exception").
     os._exit(0)
+
+
+def wait_for_every_rank(store: dist.Store, world: int) -> None:
+    """Block until all `world` ranks have called this, through the store, not the process
+    group. A gloo barrier here is itself a collective in flight when the first rank to leave it
+    exits and closes its connections: a peer still inside it then failed with "Connection closed
+    by peer" (tests/workloads/test_hf_layouts.py on 8 ranks, a few runs in a hundred)."""
+    if store.add(_FINISHED, 1) == world:
+        store.set(_ALL_FINISHED, "1")
+    store.wait([_ALL_FINISHED])
 
 
 def run_on_gloo_ranks(world: int, fn: Callable, *args) -> list:
     """Run fn(*args) on `world` local gloo processes (fn must be importable); return every
-    rank's result. With world 1 it runs here, without a process group. Tests and benchmarks."""
+    rank's result. With world 1 it runs here, without a process group. Tests and benchmarks.
+    Each call gets new processes (forked from a fork server that has the training code
+    imported) and a new process group."""
     if world == 1:
         return [fn(*args)]
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # effective when the server starts
     tmp = tempfile.mkdtemp(prefix="copus-spawn-")
-    out = os.path.join(tmp, "out")
-    mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), out, fn, args), nprocs=world, join=True)
-    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+    try:
+        out = os.path.join(tmp, "out")
+        rank_args = (world, os.path.join(tmp, "store"), out, fn, args)
+        mp.start_processes(_rank_main, args=rank_args, nprocs=world, join=True, start_method="forkserver")
+        return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

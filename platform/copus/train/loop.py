@@ -32,6 +32,7 @@ from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
+from copus.core.reconfiguration import RESTART, WAYS, Relaunch, SwitchOrder
 from copus.records import (
     CheckpointRecord,
     EndRecord,
@@ -84,8 +85,8 @@ class LoopHooks:
     # restart: only the number of micro-batches (and the schedule) changes.
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
     # Asked on rank 0 at every step boundary with (step, current CandidateConfig): the controller's
-    # decision as {"config": {...}, ...} or None. Rank 0 broadcasts it; every rank follows.
-    decide: Callable[[int, CandidateConfig], dict | None] | None = None
+    # order, or None. Rank 0 broadcasts its target and way; every rank follows.
+    decide: Callable[[int, CandidateConfig], SwitchOrder | None] | None = None
     # Injected faults (copus.train.faults): a failing in-place change, NaN gradients, a killed worker.
     faults: Faults = field(default_factory=Faults)
     # Rank 0 adds the global batch's sample indices to every step record (tests of sample accounting).
@@ -140,12 +141,13 @@ def _broadcast_flag(value: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def _broadcast_config(cfg: CandidateConfig | None, device: torch.device) -> CandidateConfig | None:
-    """Rank 0's configuration (or None) on every rank: its five sizes, and its sharding and
-    recompute modes as indices into DP_SHARD_MODES and RECOMPUTE_MODES."""
-    values = [0] * 7
-    if cfg is not None:
-        modes = [DP_SHARD_MODES.index(cfg.dp_shard), RECOMPUTE_MODES.index(cfg.recompute)]
+def _broadcast_target(order: SwitchOrder | None, device: torch.device) -> tuple[CandidateConfig, str] | None:
+    """Rank 0's target configuration and way (or None) on every rank: its five sizes, and its
+    sharding, recompute and way as indices into DP_SHARD_MODES, RECOMPUTE_MODES and WAYS."""
+    values = [0] * 8
+    if order is not None:
+        cfg = order.config
+        modes = [DP_SHARD_MODES.index(cfg.dp_shard), RECOMPUTE_MODES.index(cfg.recompute), WAYS.index(order.way)]
         values = [cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs, *modes]
     t = torch.tensor(values, dtype=torch.int64, device=device)
     if dist.is_available() and dist.is_initialized():
@@ -153,7 +155,8 @@ def _broadcast_config(cfg: CandidateConfig | None, device: torch.device) -> Cand
     values = [int(v) for v in t.tolist()]
     if not values[0]:
         return None
-    return CandidateConfig(*values[:5], dp_shard=DP_SHARD_MODES[values[5]], recompute=RECOMPUTE_MODES[values[6]])
+    target = CandidateConfig(*values[:5], dp_shard=DP_SHARD_MODES[values[5]], recompute=RECOMPUTE_MODES[values[6]])
+    return target, WAYS[values[7]]
 
 
 def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
@@ -302,51 +305,51 @@ def at_step_boundary(launch: Launch) -> None:
         launch.validate_batch(launch.gbs, launch.mbs)
     if hooks.decide is not None:
         current = replace(launch.plan.config, mbs=launch.mbs, gbs=launch.gbs)
-        decision = hooks.decide(s.step, current) if launch.rank == 0 else None
-        target = _broadcast_config(CandidateConfig.from_dict(decision["config"]) if decision else None, device)
-        if target is not None and target != current:
-            apply_decision(launch, current, target, decision)
+        order = hooks.decide(s.step, current) if launch.rank == 0 else None
+        target = _broadcast_target(order, device)
+        if target is not None and target[0] != current:
+            apply_order(launch, current, *target, order)
 
 
-def apply_decision(launch: Launch, current: CandidateConfig, target: CandidateConfig, decision: dict | None) -> None:
-    """Move from `current` to the controller's `target` (every rank has it; only rank 0 has the
-    decision's reasons). A new batch shape is used from the next step on and a new layout is
-    built in place; with `reconfigure: restart`, or when the in-place path failed under `auto`,
-    the loop stops to checkpoint and hands the target to the driver, which relaunches in it."""
+def apply_order(
+    launch: Launch, current: CandidateConfig, target: CandidateConfig, way: str, order: SwitchOrder | None
+) -> None:
+    """Move from `current` to the controller's `target`, the `way` it says (every rank has both;
+    only rank 0 has the order's reasons). A new batch shape is used from the next step on and a
+    new layout is built in place; by way of a restart, or when the in-place path failed under
+    `auto`, the loop stops to checkpoint and hands the target to the driver, which relaunches in it."""
     s, at = launch.state, launch.wall()
     kind = change_kind(current, target)
-    in_place = kind == "gbs" or launch.plan.reconfigure != "restart"
+    in_place = kind == "gbs" or way != RESTART
     reshard = fell_back = None
     if kind == "layout" and in_place:
-        reshard, fell_back = reshard_to(launch, target)
+        reshard, fell_back = reshard_to(launch, target, strict=way == "in_place")
         in_place = fell_back is None
-    change = {"step": s.step, "samples": s.samples, "from": current.as_dict(), "to": target.as_dict()}
-    s.reconfigurations.append({**change, "in_place": in_place})
-    launch.emit(
-        ReconfigureRecord(
-            step=s.step,
-            samples=s.samples,
-            wall_clock_s=at,
-            from_=change["from"],
-            to=change["to"],
-            decision={k: v for k, v in (decision or {}).items() if k != "config"},
-            reshard=reshard,
-            fell_back=fell_back,
-            in_place=in_place,
-        )
+    change = ReconfigureRecord(
+        step=s.step,
+        samples=s.samples,
+        wall_clock_s=at,
+        from_=current,
+        to=target,
+        order=order,
+        reshard=reshard,
+        fell_back=fell_back,
+        in_place=in_place,
     )
+    s.reconfigurations.append(change.reconfiguration())
+    launch.emit(change)
     if not in_place:  # checkpoint and hand back to the driver, which relaunches
         launch.stop_reason = "reconfigure"
-        s.reconfigure = {**target.as_dict(), "fell_back": fell_back is not None}
+        s.reconfigure = Relaunch(target, fell_back=fell_back is not None)
         return
     launch.validate_batch(target.gbs, target.mbs)
     launch.gbs, launch.mbs = target.gbs, target.mbs
 
 
-def reshard_to(launch: Launch, target: CandidateConfig) -> tuple[dict | None, str | None]:
+def reshard_to(launch: Launch, target: CandidateConfig, strict: bool) -> tuple[dict | None, str | None]:
     """Rebuild the replica in `target`'s layout in place: (the reshard's figures, None), or, when
     the in-place path failed and the run may fall back to a restart, (None, why); the old
-    layout is then intact. Under `reconfigure: in_place` a failure is raised."""
+    layout is then intact. `strict` (`reconfigure: in_place`): a failure is raised."""
     plan = launch.plan
     try:
         model, optimizer, stats = reshard_in_place(
@@ -358,7 +361,7 @@ def reshard_to(launch: Launch, target: CandidateConfig) -> tuple[dict | None, st
             fail=launch.hooks.faults.fail_reshard,
         )
     except ReshardFailed as err:
-        if plan.reconfigure == "in_place":
+        if strict:
             raise
         return None, str(err)
     launch.model, launch.optimizer = model, optimizer
@@ -493,6 +496,6 @@ def close_launch(launch: Launch, on_finish: Callable[[torch.nn.Module], None] | 
     if on_finish is not None:
         on_finish(launch.model.module)
     launch.model.close()  # a worker may train again in this process (tests, profiling): free the groups
-    end = EndRecord(**trainer_state(launch), stop_reason=launch.stop_reason)
+    end = EndRecord.from_dict({**trainer_state(launch), "stop_reason": launch.stop_reason})
     launch.emit(end)
     return end.payload()

@@ -78,7 +78,6 @@ class WorkerPlan:
     report_every_steps: int = 1
     use_gpu: bool = False
     mixed_precision: str = "no"
-    reconfigure: str = "auto"  # in_place | restart | auto (see ExperimentConfig.reconfigure)
     init_from: str | None = None  # a Hugging Face model directory: its shape, and the weights of a fresh start
 
     def as_dict(self) -> dict:
@@ -129,6 +128,5 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         report_every_steps=cfg.cluster.report_every_steps,
         use_gpu=cfg.cluster.use_gpu,
         mixed_precision=cfg.cluster.mixed_precision,
-        reconfigure=cfg.reconfigure,
         init_from=str(Path(cfg.workload.init_from).expanduser().resolve()) if cfg.workload.init_from else None,
     )

@@ -1,0 +1,59 @@
+"""What a run's Goodput controller is built from: the profile table (profiled first when there
+is none) and its step-time model, the memory-feasible search space, the workload's calibration
+when one exists, and the policy's starting configuration."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from copus.cluster.calibrate import calibration_path, load_calibration
+from copus.cluster.controller import ControllerSpec
+from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
+from copus.config import ExperimentConfig
+from copus.core.layout import CandidateConfig
+from copus.core.policies import initial_config
+
+
+def setup_controller(
+    cfg: ExperimentConfig,
+    echo: Callable[[str], None],
+    b_noise_script: tuple | None = None,
+    data_fingerprint: str | None = None,
+) -> tuple[ControllerSpec, CandidateConfig]:
+    """The controller's inputs (profile table → step-time model, memory-feasible search
+    space, the workload's calibration when one exists) and the policy's starting
+    configuration. Profiles first when no table exists. B0 of the efficiency and of the noise
+    scale is optimizer.reference_gbs, the GBS the base LR is right for."""
+    table, model = load_or_profile(cfg, echo)
+    throughputs = predicted_throughputs(table, model, feasible_space(cfg, table))
+    echo(
+        f"profile: {len(table.measured())} configurations measured in {cfg.resolved_profile_dir()}; the controller "
+        f"chooses among {len(throughputs)} memory-feasible ones"
+    )
+    calibration = load_calibration(cfg, data_fingerprint) if data_fingerprint is not None else None
+    if calibration is not None:
+        levels = ", ".join(f"{_fmt(b['b_crit'])} at val loss {b['val_loss']:.2f}" for b in calibration["branch_points"])
+        echo(
+            f"efficiency from the calibration {calibration_path(cfg, data_fingerprint).name} (measured critical "
+            f"batch {levels})"
+        )
+    b0 = cfg.optimizer.reference_gbs
+    spec = ControllerSpec(
+        policy=cfg.policy.name,
+        throughputs=tuple(throughputs.items()),
+        b0=b0,
+        efficiency=cfg.policy.efficiency,
+        critical_factor=cfg.gns.critical_factor,
+        threshold=cfg.policy.threshold,
+        interval_s=cfg.policy.interval_s,
+        restart_cost_s=cfg.policy.restart_cost_s,
+        in_place_cost_s=cfg.policy.in_place_cost_s,
+        reconfigure=cfg.reconfigure,
+        b_noise_script=b_noise_script,
+        calibration=calibration,
+    )
+    return spec, initial_config(cfg.policy.name, spec.planner(), cfg.start_config(), cfg.policy.layout)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

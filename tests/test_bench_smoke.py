@@ -1,0 +1,62 @@
+"""Every script in bench/ still runs: each in its smoke mode (`--smoke`: smallest sizes, one
+round), as a user runs it from the repository root, must exit 0 and end with its documented
+last line (docs/benchmarks.md). Figures are not checked: smoke sizes measure nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+NUMBER = r"[-+]?\d+(\.\d+)?"
+# Each script's documented last line (a public interface: other people's scripts read it).
+LAST_LINES = {
+    "faults.py": rf"time lost to one controller kill: ({NUMBER} s \({NUMBER}% of the clean run\)|n/a .*)",
+    "gns_overhead.py": rf"worst probe overhead: {NUMBER}%",
+    "gpu_check.py": r'\{"check": "resume-(bf16|fp32)", "resumed_steps": \[.*\], "max_rel_loss_diff": .*\}',
+    "hf_load.py": rf"layout dp\d+-tp\d+-pp\d+: per rank held {NUMBER} MB \(= bytes read\), peak RSS growth .*",
+    "layouts.py": rf"best of \d+ workers: dp\d+ tp\d+ pp\d+.* gbs \d+ mbs \d+: {NUMBER} samples/s",
+    "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
+    "planner.py": rf"enumerate \+ score \+ decide from scratch: {NUMBER} ms",
+    "prepare.py": r"same token files: True",
+    "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",
+    "reshard.py": rf"\d+ ranks: in place {NUMBER} s .*, through DCP on disk {NUMBER} s: {NUMBER}x",
+    "simulate.py": rf"full simulated comparison: {NUMBER} s wall-clock",
+}
+RAY_SCRIPTS = {"faults.py", "reconfigure.py"}  # a local Ray cluster and whole `copus run`s each
+
+
+def test_every_bench_script_has_a_smoke_case():
+    assert sorted(LAST_LINES) == sorted(p.name for p in (REPO / "bench").glob("*.py") if p.name != "smoke.py")
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=pytest.mark.slow) if s in RAY_SCRIPTS else s for s in sorted(LAST_LINES)],
+)
+def test_bench_script_runs_and_prints_its_last_line(script, tmp_path):
+    env = dict(os.environ)
+    if script in RAY_SCRIPTS:
+        # Ray Train notices a run's end (and each checkpoint report) one health check late: 2 s
+        # by default, most of a smoke run's time. (Ray puts its sockets under TMPDIR, so that
+        # stays short for these.)
+        env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    else:
+        env["TMPDIR"] = str(tmp_path)  # whatever the script leaves behind goes with the test
+    done = subprocess.run(
+        [sys.executable, str(Path("bench") / script), "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(LAST_LINES[script], last), last
