@@ -35,7 +35,7 @@ from copus.core.layout import CandidateConfig  # noqa: E402
 from copus.core.schedule import LRSchedule  # noqa: E402
 from copus.train.local import run_local  # noqa: E402
 from copus.train.plan import StopRule, WorkerPlan  # noqa: E402
-from workloads.corpus import prepare_dataset  # noqa: E402
+from workloads.datasets import prepare_dataset  # noqa: E402
 
 
 def _run(plan: WorkerPlan, ckpt: Path, resume: int | None = None) -> tuple[list[dict], dict, float]:

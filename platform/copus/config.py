@@ -21,6 +21,7 @@ from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.storage import Location, StorageError, check_location, first_line, local_path, shown
+from workloads import catalog
 
 # A path, or a URI pyarrow opens (s3://, gs://, ...): where run files go (copus.storage).
 StorageLocation = Annotated[str, AfterValidator(check_location)]
@@ -297,9 +298,7 @@ class ExperimentConfig(Section):
 
     def flavour(self):
         """The model's shape (a workloads.flavours.ModelFlavour): named, or from workload.init_from."""
-        from workloads.hf_config import workload_flavour
-
-        return workload_flavour(self.workload.model, self.workload.init_from)
+        return catalog.model_flavour(self.workload.model, self.workload.init_from)
 
     def layout_choices(self) -> list[tuple[int, int, int]]:
         from copus.core.search import valid_layouts
@@ -350,12 +349,11 @@ class FieldProblem(ValueError):
 
 def _check_cross_fields(cfg: ExperimentConfig) -> None:
     from copus.core.layout import layout_problems
-    from workloads.flavours import FLAVOURS  # local: workloads imports nothing from copus.config
 
     p, b, s = cfg.parallel, cfg.batch, cfg.stop
-    if cfg.workload.init_from is None and cfg.workload.model not in FLAVOURS:
+    if cfg.workload.init_from is None and cfg.workload.model not in catalog.flavour_names():
         raise FieldProblem(
-            "workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(sorted(FLAVOURS))})"
+            "workload.model", f"unknown flavour {cfg.workload.model!r} (known: {', '.join(catalog.flavour_names())})"
         )
     flavour = _checked_flavour(cfg)
     if not flavour.trainable_on_cpu and not cfg.cluster.use_gpu:
@@ -407,36 +405,30 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
 
 def _checked_flavour(cfg: ExperimentConfig):
     """The flavour, with a Hugging Face directory's config.json and safetensors headers checked."""
-    from workloads.hf_config import HFModelError
-    from workloads.hf_files import check_weights
-
     try:
         flavour = cfg.flavour()
         if cfg.workload.init_from is not None:
-            check_weights(cfg.workload.init_from, flavour)
+            catalog.check_model_files(cfg.workload.init_from, flavour)
         return flavour
-    except HFModelError as err:
+    except catalog.WorkloadError as err:
         raise FieldProblem("workload.init_from", str(err)) from None
 
 
 def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
-    from workloads.flavours import BYTE_VOCAB
-    from workloads.tokenizer import TokenizerError, tokenizer_vocab_size
-
-    tok, kind = cfg.workload.tokenizer, cfg.workload.dataset.kind
+    tok, kind, byte_vocab = cfg.workload.tokenizer, cfg.workload.dataset.kind, catalog.BYTE_VOCAB
     if tok is None:
-        if kind != "bin" and vocab_size < BYTE_VOCAB:  # stdlib, txt, jsonl, parquet: one token per byte
+        if kind != "bin" and vocab_size < byte_vocab:  # stdlib, txt, jsonl, parquet: one token per byte
             raise FieldProblem(
                 "workload.init_from" if cfg.workload.init_from else "workload.model",
-                f"a vocabulary of {vocab_size} cannot hold the {BYTE_VOCAB} byte tokens of {kind!r} data "
+                f"a vocabulary of {vocab_size} cannot hold the {byte_vocab} byte tokens of {kind!r} data "
                 "(give workload.tokenizer, or a model with a larger vocabulary)",
             )
         return
     if kind in ("stdlib", "bin"):
         raise FieldProblem("workload.tokenizer", f"applies to txt, jsonl and parquet data, not {kind!r}")
     try:
-        size = tokenizer_vocab_size(tok)
-    except TokenizerError as err:
+        size = catalog.tokenizer_size(tok)
+    except catalog.WorkloadError as err:
         raise FieldProblem("workload.tokenizer", str(err)) from None
     if size > vocab_size:
         raise FieldProblem(
@@ -445,14 +437,12 @@ def _check_tokenizer(cfg: ExperimentConfig, vocab_size: int) -> None:
 
 
 def _check_dataset_files(ds: DatasetConfig) -> None:
-    from workloads.prepare import source_files
-
     for key, value in (("path", ds.path), ("val_path", ds.val_path)):
         if value is None:
             continue
         if ds.kind == "bin" and not Path(value).expanduser().is_file():
             raise FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
-        if ds.kind != "bin" and not source_files(value, ds.kind):
+        if ds.kind != "bin" and not catalog.dataset_files(value, ds.kind):
             raise FieldProblem(f"workload.dataset.{key}", f"file not found: {value}")
 
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from copus.config import ExperimentConfig
-from workloads.corpus import default_cache_dir, needs_tokenizing, prepare_dataset
+from workloads.corpus import default_cache_dir
+from workloads.datasets import needs_tokenizing, prepare_dataset
 from workloads.prepare import build_tokenized
 
 

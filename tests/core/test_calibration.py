@@ -105,12 +105,12 @@ def test_cbs_and_copus_read_the_same_mapping():
     assert isinstance(configured.mapping, NoiseScaleMapping) and isinstance(p.mapping, CalibratedMapping)
     costs = SwitchCosts(0.0, 0.0)
     start = cands[1]
-    cbs = decide("cbs", p, start, 5.0, 2.0, 60, costs, loss=2.0)
+    cbs = decide("cbs", p, start, 5.0, 60, costs, loss=2.0)
     assert cbs.target.gbs == 64  # c = 12 from the calibration: 60, not 2 x 5 = 10
-    assert decide("cbs", configured, start, 5.0, 2.0, 60, costs).target.gbs == 8
+    assert decide("cbs", configured, start, 5.0, 60, costs).target.gbs == 8
     # COPUS's goodput uses the same SE: with B_crit 60 a large batch keeps most of its efficiency.
-    assert decide("copus", p, start, 5.0, 2.0, 60, costs, loss=2.0).target.gbs > start.gbs
-    assert decide("copus", configured, start, 5.0, 2.0, 60, costs).target.gbs <= 16
+    assert decide("copus", p, start, 5.0, 60, costs, loss=2.0).target.gbs > start.gbs
+    assert decide("copus", configured, start, 5.0, 60, costs).target.gbs <= 16
 
 
 def test_the_default_planner_keeps_the_configured_factor():

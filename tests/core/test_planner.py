@@ -146,10 +146,10 @@ def test_policies_share_the_planner_and_differ_in_the_decision():
     assert pessimistic.gbs == 16 and optimistic.gbs == nearest_gbs(p, optimistic, 16).gbs
     assert pessimistic == p.best(float("nan"), lambda c: c.gbs == 16, by="throughput").config
     assert initial_config("static", p, start, "best").gbs == 16
-    assert decide("static", p, start, 100.0, 2.0, 60, SwitchCosts(10.0, 10.0)) is None
-    cbs = decide("cbs", p, start, 100.0, 2.0, 60, SwitchCosts(10.0, 10.0))
+    assert decide("static", p, start, 100.0, 60, SwitchCosts(10.0, 10.0)) is None
+    cbs = decide("cbs", p, start, 100.0, 60, SwitchCosts(10.0, 10.0))
     assert cbs.switch and same_shape(cbs.target, start) and cbs.target.gbs == nearest_gbs(p, start, 200).gbs
-    assert decide("cbs", p, start, float("nan"), 2.0, 60, SwitchCosts(10.0, 10.0)) is None
+    assert decide("cbs", p, start, float("nan"), 60, SwitchCosts(10.0, 10.0)) is None
     assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs"}
 
 
@@ -158,7 +158,7 @@ def test_copus_gbs_chooses_the_gbs_by_goodput_and_keeps_the_layout():
     start = initial_config("copus-gbs", p, CandidateConfig(8, 1, 1, 2, 16))
     assert start == initial_config("copus", p, CandidateConfig(8, 1, 1, 2, 16))  # the ablation starts where copus does
     costs = SwitchCosts(0.0, 0.0)  # free moves: only the policies' constraints differ
-    full, ablation = (decide(name, p, start, 400.0, 2.0, 60, costs) for name in ("copus", "copus-gbs"))
+    full, ablation = (decide(name, p, start, 400.0, 60, costs) for name in ("copus", "copus-gbs"))
     assert ablation.switch and same_shape(ablation.target, start) and ablation.target.gbs > start.gbs
     best_same_shape = p.best(400.0, allowed=lambda c: same_shape(c, start))
     assert ablation.target == best_same_shape.config

@@ -32,3 +32,42 @@ def test_only_cluster_imports_ray():
         and any(line.strip().startswith(("import ray", "from ray")) for line in p.read_text().splitlines())
     ]
     assert offenders == []
+
+
+def _imports(path) -> set[str]:
+    """The modules a file imports (at any depth in the file), by their full dotted names."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_workloads_use_only_pure_copus_and_import_no_cycle():
+    """Models and data (workloads/) may use copus.core's pure types, never the engine's layers:
+    the engine receives a model as a spec (workloads.registry), not the other way round. And no
+    two workloads modules import each other, directly or around a loop."""
+    import pathlib
+
+    folder = pathlib.Path(copus.core.__file__).parents[3] / "workloads"
+    graph = {p.stem: _imports(p) for p in folder.glob("*.py") if p.stem != "__init__"}
+    climbing = {
+        m: sorted(i for i in imps if i.startswith("copus.") and not i.startswith("copus.core"))
+        for m, imps in graph.items()
+    }
+    assert {m: v for m, v in climbing.items() if v} == {}
+    edges = {
+        m: {i.split(".")[1] for i in imps if i.startswith("workloads.") and i.split(".")[1] in graph}
+        for m, imps in graph.items()
+    }
+    edges = {m: e - {m} for m, e in edges.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in edges[start])
+
+    assert [m for m in graph if reaches(m, m, {m})] == []

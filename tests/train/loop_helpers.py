@@ -10,7 +10,7 @@ from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from copus.train.local import run_local, run_on_gloo_ranks
 from copus.train.plan import StopRule, WorkerPlan
-from workloads.corpus import prepare_dataset
+from workloads.datasets import prepare_dataset
 
 
 def small_plan(cache_dir: Path, **changes) -> WorkerPlan:

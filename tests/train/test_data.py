@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.train.data import SampleOrder, TokenWindows, TrainStream, replica_batch, validation_indices
-from workloads.corpus import DatasetError, prepare_dataset, stdlib_source_files
+from workloads.corpus import DatasetError, stdlib_source_files
+from workloads.datasets import prepare_dataset
 
 
 def _stdlib(cache):

@@ -157,7 +157,6 @@ class Controller(RecordQueue):
             self.planner,
             r.config(),
             b_noise,
-            self.spec.critical_factor,
             self.spec.interval_s,
             self.costs(),
             loss=self.last_val_loss,

@@ -16,7 +16,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from copus.config import ConfigError, ExperimentConfig
 from copus.train.data import num_windows
 from copus.train.plan import WorkerPlan, plan_from_config
-from workloads.corpus import TokenFiles, prepare_dataset
+from workloads.corpus import TokenFiles
+from workloads.datasets import prepare_dataset
 
 POLL_S = 0.5
 

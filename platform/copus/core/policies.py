@@ -58,14 +58,12 @@ def decide(
     planner: Planner,
     current: CandidateConfig,
     b_noise: float,
-    critical_factor: float,
     interval_s: float,
     costs: SwitchCosts,
     loss: float = float("nan"),
 ) -> Decision | None:
     """The policy's decision now, or None when it has nothing to decide. `loss` is the run's
-    progress (latest validation loss). `critical_factor` is kept for callers of the old
-    signature; the critical batch comes from the planner's mapping, which holds the factor."""
+    progress (latest validation loss); the critical batch comes from the planner's mapping."""
     if policy == "static":
         return None
     if policy == "copus":

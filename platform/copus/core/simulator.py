@@ -419,7 +419,7 @@ def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.nda
         next_decision = t + s.interval_s
         b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
         timeline.append(_timeline_point(t, model, b_noise, current))
-        d = policies.decide(policy, plan, current, b_noise, s.critical_factor, s.interval_s, costs)
+        d = policies.decide(policy, plan, current, b_noise, s.interval_s, costs)
         decided += d is not None
         if d is not None and d.switch:
             downtime = costs.of(current, d.target)
