@@ -51,6 +51,8 @@ END = {
     "nonfinite_steps": 0,
     "skipped_samples": 0,
     "reconfigurations": [],
+    "eval_time_s": 0.5,
+    "time_to_target_without_eval_s": None,
     "data": {"samples_consumed": 48},
     "wall_clock_s": 12.0,
     "model_shape": {"dim": 64},

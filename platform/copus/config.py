@@ -166,11 +166,14 @@ class StopConfig(Section):
 
 class EvalConfig(Section):
     every_steps: int = Field(20, ge=1)
+    # In samples instead (wins over every_steps): the same data between evaluations at any GBS.
+    every_samples: int | None = Field(None, ge=1)
     val_samples: int = Field(64, ge=1)
 
 
 class CheckpointConfig(Section):
     every_steps: int = Field(50, ge=1)
+    every_samples: int | None = Field(None, ge=1)  # in samples instead (wins over every_steps)
     every_s: float | None = Field(None, gt=0.0)  # also checkpoint when this much wall-clock has passed
     keep: int = Field(2, ge=1)
 
@@ -644,6 +647,10 @@ class SuiteConfig(Section):
     # static: the profile's fastest layout for batch.gbs (the paper's Static-GBS baseline), or
     # the experiment's own layout.
     static_layout: Literal["best", "given"] = "best"
+    # shuffled: each repeat runs the policies in an order drawn from (order_seed, repeat), so no
+    # policy always runs first; listed: in the order of `policies`. The order is recorded.
+    order: Literal["shuffled", "listed"] = "shuffled"
+    order_seed: int = Field(0, ge=0)
     output_dir: StorageLocation = "runs/comparison"
 
 

@@ -225,6 +225,8 @@ class LoopState:
     nonfinite_steps: int = 0
     skipped_samples: int = 0
     reconfigurations: list[Reconfiguration] = field(default_factory=list)  # the workers' own list
+    eval_time_s: float = 0.0  # validation time spent so far (all launches)
+    time_to_target_without_eval_s: float | None = None  # time to target less the validation before it
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(LoopState)}

@@ -17,6 +17,8 @@ from tests.browser import NO_BROWSER, browser, dump_dom, mlflow_ui
 
 pytestmark = pytest.mark.slow
 
+POLICIES = ["copus", "copus-gbs", "static"]
+
 
 def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
     experiment = {
@@ -32,7 +34,7 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
     suite = {
         "name": "tiny-suite",
         "experiment": "exp.yaml",
-        "policies": ["copus", "copus-gbs", "static"],
+        "policies": POLICIES,
         "repeats": 2,
         "output_dir": str(tmp_path / "cmp"),
     }
@@ -43,13 +45,11 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
     saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert saved["policies"] == result["policies"]
     assert saved["mlflow_view_key"] == result["mlflow_view_key"] == f"compare-{result['mlflow_parent_run_id']}"
-    assert [(r["policy"], r["repeat"], r["seed"]) for r in result["runs"]] == [
-        ("copus", 0, 0),
-        ("copus-gbs", 0, 0),
-        ("static", 0, 0),
-        ("copus", 1, 1),
-        ("copus-gbs", 1, 1),
-        ("static", 1, 1),
+    # Each repeat ran every policy once, in the recorded (shuffled) order, on the repeat's seed.
+    orders = result["run_order"]["repeats"]
+    assert result["run_order"]["order"] == "shuffled" and [sorted(o) for o in orders] == [sorted(POLICIES)] * 2
+    assert [(r["policy"], r["repeat"], r["seed"], r["position"]) for r in result["runs"]] == [
+        (policy, repeat, repeat, position) for repeat in (0, 1) for position, policy in enumerate(orders[repeat])
     ]
     gbs_only = [r for r in result["runs"] if r["policy"] == "copus-gbs"]
     assert all(

@@ -71,3 +71,15 @@ def test_the_copus_gbs_ablation_is_measured_against_the_baselines_and_copus_agai
     assert out["copus"]["vs_copus_gbs"]["paired_speedup_per_repeat"] == pytest.approx([90 / 80 - 1, 99 / 88 - 1])
     assert out["copus"]["vs_copus_gbs"]["paired_speedup_ci95"] is not None
     assert "vs_copus_gbs" not in summarize(runs[:1] + runs[2:3], ["copus", "static"])["copus"]
+
+
+def test_the_run_order_is_a_recorded_shuffle_that_no_policy_always_leads():
+    from copus.core.comparison import run_order
+
+    policies = ["copus", "copus-gbs", "static", "cbs-pessimistic"]
+    orders = [run_order(policies, r, seed=0, shuffled=True) for r in range(16)]
+    assert all(sorted(o) == sorted(policies) for o in orders)
+    assert orders == [run_order(policies, r, seed=0, shuffled=True) for r in range(16)]  # reproducible
+    assert len({o[0] for o in orders}) == len(policies)  # every policy leads some repeat
+    assert orders != [run_order(policies, r, seed=1, shuffled=True) for r in range(16)]
+    assert run_order(policies, 3, seed=0, shuffled=False) == policies

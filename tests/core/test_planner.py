@@ -173,3 +173,25 @@ def test_a_32_gpu_search_space_is_planned_over_every_candidate():
     p = Planner(cands, lambda cfgs: np.array([c.gbs for c in cfgs]) / model.step_times(cfgs), 32)
     assert len(cands) > 500 and np.all(np.isfinite(p.throughputs))
     assert p.decide(cands[0], 1000.0, 60, SwitchCosts(30.0, 30.0)).best.config in cands
+
+
+def test_a_cadence_in_samples_is_the_same_data_at_any_batch_size():
+    from copus.core.schedule import Cadence
+
+    every = Cadence(steps=20, samples=320)
+    at_16 = [s for s in range(1, 101) if every.due(s, 16 * s, 16)]
+    at_64 = [s for s in range(1, 26) if every.due(s, 64 * s, 64)]
+    assert [16 * s for s in at_16] == [320, 640, 960, 1280, 1600] and [64 * s for s in at_64] == [
+        320,
+        640,
+        960,
+        1280,
+        1600,
+    ]
+    # A GBS that changes mid-run, or does not divide the interval, is due once per interval crossed.
+    samples, due = 0, []
+    for step, gbs in enumerate([48] * 10 + [96] * 10, start=1):
+        samples += gbs
+        due += [samples] if every.due(step, samples, gbs) else []
+    assert due == [336, 672, 960, 1344]  # 1,440 samples in all
+    assert [s for s in range(1, 61) if Cadence(steps=20).due(s, 7 * s, 7)] == [20, 40, 60]

@@ -12,7 +12,7 @@ import torch
 from copus.train.faults import Faults
 from copus.train.loop import NonFiniteLossError
 from copus.train.plan import StopRule
-from tests.train.loop_helpers import losses, run_distributed, run_local, small_plan
+from tests.train.loop_helpers import losses, run_distributed, run_local, shapes_hook, small_plan
 
 
 def _close(a: float, b: float, rel: float) -> bool:
@@ -109,3 +109,18 @@ def test_checkpoints_also_follow_the_wall_clock(token_cache, tmp_path):
     plan = small_plan(token_cache, stop=StopRule(max_steps=3), checkpoint_every_steps=100, checkpoint_every_s=1e-6)
     run_local(plan, tmp_path / "ck")
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step1", "step2", "step3"]
+
+
+def test_evaluation_and_checkpoints_follow_a_cadence_in_samples(token_cache, tmp_path):
+    """eval.every_samples / checkpoint.every_samples: the same data between evaluations at any
+    GBS, across a GBS change; the validation time is counted and taken out of time to target."""
+    plan = small_plan(token_cache, stop=StopRule(max_steps=8), eval_every_samples=24, checkpoint_every_samples=48)
+    records, final, _ = run_local(plan, tmp_path / "ck", batch_size=shapes_hook({4: (16, 2)}))
+    # Steps of 8 samples to 32, then of 16: 48, 64, 80, 96. Due where a multiple is reached or crossed.
+    assert [r["samples"] for r in records if r["kind"] == "eval"] == [0, 24, 48, 80, 96]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step5", "step8"]
+    assert final["eval_time_s"] == pytest.approx(sum(r["eval_time_s"] for r in records if r["kind"] == "eval"))
+    reached, _, _ = run_local(plan.replaced(stop=StopRule(max_steps=8, target_val_loss=100.0)), tmp_path / "t")
+    end = [r for r in reached if r["kind"] == "end"][-1]
+    assert end["time_to_target_without_eval_s"] == pytest.approx(end["time_to_target_s"] - end["eval_time_s"])
+    assert 0 < end["time_to_target_without_eval_s"] < end["time_to_target_s"]

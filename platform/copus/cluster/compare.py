@@ -14,7 +14,7 @@ from typing import Callable
 
 from copus.cluster.driver import run_experiment
 from copus.config import SuiteConfig, config_from_mapping
-from copus.core.comparison import summarize
+from copus.core.comparison import run_order, summarize
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
 from copus.storage import Location, write_json_atomic
@@ -44,15 +44,19 @@ def run_comparison(
     runs: list[dict] = []
     result: dict = {}
     try:
-        for repeat in range(suite.repeats):
-            for i, policy in enumerate(suite.policies):
+        orders = [
+            run_order(suite.policies, r, suite.order_seed, suite.order == "shuffled") for r in range(suite.repeats)
+        ]
+        for repeat, order in enumerate(orders):
+            for position, policy in enumerate(order):
+                i = suite.policies.index(policy)
                 seed = base.workload.seed + (repeat if suite.seeds == "same" else repeat * len(suite.policies) + i)
                 cfg = _policy_config(
                     suite, experiment, overrides, policy, repeat, seed, out / policy / f"r{repeat}", table_dir
                 )
                 echo(f"== {suite.name}: {policy}, repeat {repeat + 1}/{suite.repeats}, seed {seed}")
                 summary = run_experiment(cfg, fresh=True, echo=echo, parent_run_id=parent)
-                runs.append(_run_row(policy, repeat, seed, summary))
+                runs.append({**_run_row(policy, repeat, seed, summary), "position": position})
                 result = {
                     "suite": suite.name,
                     "experiment": base.name,
@@ -62,6 +66,7 @@ def run_comparison(
                     "mlflow_view_key": f"compare-{parent}",
                     "mlflow_tracking_uri": tracker.uri,
                     "policies": summarize(runs, suite.policies),
+                    "run_order": {"order": suite.order, "order_seed": suite.order_seed, "repeats": orders},
                     "runs": runs,
                 }
                 write_json_atomic(out / "comparison.json", result)
@@ -108,6 +113,7 @@ def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
         "repeat": repeat,
         "seed": seed,
         "time_to_target_s": summary["time_to_target_s"],
+        "time_to_target_without_eval_s": summary.get("time_to_target_without_eval_s"),
         "reached_target": summary["reached_target"],
         "final_val_loss": summary["final_val_loss"],
         "samples": summary["samples"],

@@ -54,6 +54,9 @@ def run_summary(run: DriverRun, final: EndRecord, ended: CandidateConfig, contro
         "policy": run.cfg.policy.name,
         "reached_target": final.time_to_target_s is not None,
         "time_to_target_s": final.time_to_target_s,
+        # Less the validation before the target (evaluation cadence differs between policies).
+        "time_to_target_without_eval_s": final.time_to_target_without_eval_s,
+        "eval_time_s": final.eval_time_s,  # validation time of the whole run
         "target_val_loss": run.cfg.stop.target_val_loss,
         "final_val_loss": final.last_val_loss,
         "best_val_loss": final.best_val_loss,

@@ -62,3 +62,20 @@ class LRSchedule:
             else batch_scale(self.scaling, gbs, self.reference_gbs)
         )
         return self.base_lr * scale * self.shape(samples_seen)
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often something recurs in a run (evaluation, checkpoints): every `samples` samples
+    when that is set, the same amount of data whatever the batch size, so that a small-batch
+    and a large-batch policy pay the same evaluation cost per sample; else every `steps` steps."""
+
+    steps: int
+    samples: int | None = None
+
+    def due(self, step: int, samples: int, gbs: int) -> bool:
+        """After the step that took the run to `step` and `samples` (its batch was `gbs`): did
+        it reach or cross a multiple of the interval?"""
+        if self.samples:
+            return samples // self.samples > (samples - gbs) // self.samples
+        return step % self.steps == 0

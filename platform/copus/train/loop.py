@@ -33,6 +33,7 @@ from copus.core.gns import GNSEstimator
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
 from copus.core.reconfiguration import RESTART, WAYS, Relaunch, SwitchOrder
+from copus.core.schedule import Cadence
 from copus.records import (
     CheckpointRecord,
     EndRecord,
@@ -277,18 +278,13 @@ def run_eval(launch: Launch) -> float:
     val = evaluate(launch.model, launch.val_windows, plan.val_samples, max(plan.mbs, 8))
     s.last_val_loss, s.last_val_step = val, s.step
     s.best_val_loss = val if s.best_val_loss is None else min(val, s.best_val_loss)
+    spent = time.perf_counter() - t
+    s.eval_time_s += spent
     target = plan.stop.target_val_loss
     if target is not None and val <= target and s.time_to_target_s is None:
         s.time_to_target_s = launch.wall()
-    launch.emit(
-        EvalRecord(
-            step=s.step,
-            samples=s.samples,
-            val_loss=val,
-            wall_clock_s=launch.wall(),
-            eval_time_s=time.perf_counter() - t,
-        )
-    )
+        s.time_to_target_without_eval_s = s.time_to_target_s - s.eval_time_s
+    launch.emit(EvalRecord(step=s.step, samples=s.samples, val_loss=val, wall_clock_s=launch.wall(), eval_time_s=spent))
     return val
 
 
@@ -442,11 +438,11 @@ def after_step(launch: Launch) -> None:
     """Evaluate when due (stopping at the target loss), then checkpoint when due, by steps or
     by the clock (rank 0's decides for all)."""
     plan, s = launch.plan, launch.state
-    if s.step % plan.eval_every_steps == 0:
+    if Cadence(plan.eval_every_steps, plan.eval_every_samples).due(s.step, s.samples, launch.gbs):
         val = run_eval(launch)
         if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:
             launch.stop_reason = "target_val_loss"
-    due = s.step % plan.checkpoint_every_steps == 0
+    due = Cadence(plan.checkpoint_every_steps, plan.checkpoint_every_samples).due(s.step, s.samples, launch.gbs)
     if plan.checkpoint_every_s is not None:
         late = time.time() - launch.last_checkpoint_at >= plan.checkpoint_every_s
         due = _broadcast_flag(due or late, launch.model.device)

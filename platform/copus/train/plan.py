@@ -72,8 +72,10 @@ class WorkerPlan:
     stop: StopRule = field(default_factory=StopRule)
     gns: GNSPlan = field(default_factory=GNSPlan)
     eval_every_steps: int = 20
+    eval_every_samples: int | None = None  # wins over eval_every_steps (core.schedule.Cadence)
     val_samples: int = 64
     checkpoint_every_steps: int = 50
+    checkpoint_every_samples: int | None = None
     checkpoint_every_s: float | None = None
     report_every_steps: int = 1
     use_gpu: bool = False
@@ -122,8 +124,10 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
         ),
         gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition, o.reference_gbs),
         eval_every_steps=cfg.eval.every_steps,
+        eval_every_samples=cfg.eval.every_samples,
         val_samples=cfg.eval.val_samples,
         checkpoint_every_steps=cfg.checkpoint.every_steps,
+        checkpoint_every_samples=cfg.checkpoint.every_samples,
         checkpoint_every_s=cfg.checkpoint.every_s,
         report_every_steps=cfg.cluster.report_every_steps,
         use_gpu=cfg.cluster.use_gpu,
