@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -82,18 +83,34 @@ def _manifest_problems(path: Path, manifest: dict) -> list[str]:
     return problems
 
 
+_PEER_FILE = re.compile(r"__(\d+)_.*|rng_rank(\d+)\.pt")
+
+
+def _a_peers(name: str, rank: int) -> bool:
+    """Whether `name` is a file another rank writes in save_checkpoint: DCP names rank r's shard
+    files `__r_<i>.distcp`, the coordinator (rank 0) writes `.metadata`, rank 0 the trainer
+    state, and every rank its `rng_rank<r>.pt`. Ranks that share the directory (a shared
+    filesystem; Ray Train gives each its own) see their peers' files appear, possibly half
+    written, between their own writes: a rank's manifest lists only its own."""
+    if rank != 0 and name in (".metadata", TRAINER_STATE):
+        return True
+    owner = _PEER_FILE.fullmatch(name)
+    return owner is not None and int(owner.group(1) or owner.group(2)) != rank
+
+
 def save_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict, rank: int
 ) -> None:
     """Collective: every rank calls it with the same trainer_state, each with a directory of
-    its own (Ray Train merges them in storage)."""
+    its own (Ray Train merges them in storage) or all with one shared directory."""
     path.mkdir(parents=True, exist_ok=True)
     before = set(path.iterdir())
     dcp.save(layout_free_state(model, optimizer), checkpoint_id=str(path))
     torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
     if rank == 0:
         _write_json(path / TRAINER_STATE, trainer_state)
-    mine = sorted(p for p in set(path.iterdir()) - before if p.is_file() and not p.name.endswith(".tmp"))
+    new = set(path.iterdir()) - before
+    mine = sorted(p for p in new if p.is_file() and not p.name.endswith(".tmp") and not _a_peers(p.name, rank))
     manifest = {
         "rank": rank,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
