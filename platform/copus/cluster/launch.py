@@ -3,14 +3,17 @@ building a TorchTrainer for the experiment, and running it while draining rank 0
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Callable
 
 import numpy as np
 import ray
-from ray.train import RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from copus.config import ConfigError, ExperimentConfig
@@ -92,6 +95,17 @@ def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config
         scaling_config=_scaling(cfg),
         run_config=run_config,
     )
+
+
+@contextlib.contextmanager
+def one_shot_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, name: str) -> Iterator[TorchTrainer]:
+    """A TorchTrainer for a job that is not a training run (`copus gns`, a profiling group): no
+    retries, its Ray storage a temporary folder removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix=f"copus-{name}-") as storage:
+        failures = FailureConfig(max_failures=0)
+        yield make_trainer(
+            cfg, worker_fn, loop_config, RunConfig(name=name, storage_path=storage, failure_config=failures)
+        )
 
 
 def fit_and_drain(

@@ -15,14 +15,12 @@ fitted, cross-validated, stored in the table and logged to MLflow with the table
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from typing import Callable
 
 import ray
-from ray.train import FailureConfig, RunConfig
 
-from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
+from copus.cluster.launch import ensure_ray, fit_and_drain, one_shot_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
@@ -110,13 +108,7 @@ def _failure_reason(err: BaseException) -> str:
 def _run_group(cfg: ExperimentConfig, job: ProfileJob, on_record: Callable[[dict], None]) -> BaseException | None:
     """One worker group measuring `job`; records reach `on_record` as they arrive."""
     monitor = RunMonitor.remote()
-    with tempfile.TemporaryDirectory(prefix="copus-profile-") as storage:
-        trainer = make_trainer(
-            cfg,
-            profile_worker,
-            {"job": job, "monitor": monitor},
-            RunConfig(name="profile", storage_path=storage, failure_config=FailureConfig(max_failures=0)),
-        )
+    with one_shot_trainer(cfg, profile_worker, {"job": job, "monitor": monitor}, "profile") as trainer:
 
         def each(records: list[dict]) -> None:
             for r in records:
