@@ -185,7 +185,8 @@ class Controller(RecordQueue):
 
     def snapshot(self) -> dict:
         return {
-            **{k: v for k, v in self.book.as_dict().items() if k != "reconfigure"},
+            "restart_cost_s": self.book.restart_cost_s,
+            "in_place_cost_s": self.book.in_place_cost_s,
             "restarts": self.restarts,
             "reconfigure": self.book.way,
             "decisions": len(self.evaluations),
