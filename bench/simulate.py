@@ -1,5 +1,6 @@
 """Wall-clock of a full simulated pre-training run: Qwen-2.5-32B on 4x8 H100 to the paper
-setting's target loss, every policy, step by step (target: under 10 s on this machine).
+setting's target loss, every policy of the YAML on one seed (not the protocol's tuned baselines
+and seeds: `copus simulate` runs those), step by step (target: under 10 s on this machine).
 
     .venv/bin/python bench/simulate.py
     .venv/bin/python bench/simulate.py --setting experiments/sim/paper_llama-2-7b_4x8-mi210.yaml

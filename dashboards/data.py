@@ -222,6 +222,8 @@ def _runs_of(client: MlflowClient, parent, comparison: dict | None) -> tuple[str
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", order_by=["attributes.start_time ASC"]
     )
+    # A suite's tuning runs chose its tuned baselines; the report shows the evaluation.
+    children = [c for c in children if c.data.tags.get("copus.phase") != "tuning"]
     if not children:
         runs = [_load_run(client, run_id)]
         return runs[0].name, runs, comparison

@@ -51,6 +51,22 @@ CASES = [
     ("lr-negative", {"optimizer.lr": -0.1}, "optimizer.lr: Input should be greater than 0"),
     ("lr-string", {"optimizer.lr": "fast"}, "optimizer.lr: Input should be a valid number"),
     ("section-scalar", {"batch": 8}, "batch: Input should be a valid dictionary"),
+    ("ramp-without-schedule", {"policy.name": "ramp"}, "batch.ramp: required with policy.name: ramp"),
+    (
+        "ramp-schedule-without-policy",
+        {"batch.gbs": 16, "batch.ramp": {"start_gbs": 4, "increment": 4, "samples": 64}},
+        "batch.ramp: applies to policy.name: ramp only (policy.name is 'static')",
+    ),
+    (
+        "ramp-increment",
+        {"policy.name": "ramp", "batch.gbs": 16, "batch.ramp": {"start_gbs": 4, "increment": 8, "samples": 64}},
+        "batch.ramp.increment: 8 does not divide batch.gbs - start_gbs = 16 - 4 = 12",
+    ),
+    (
+        "ramp-table-unsorted",
+        {"policy.name": "ramp", "batch.gbs": 16, "batch.ramp": {"table": [[0, 4], [64, 8], [32, 16]]}},
+        "batch.ramp.table.2: samples must increase from entry to entry (32 after 64)",
+    ),
     (
         "tp-divides-heads",
         {"parallel.tp": 3, "cluster.num_workers": 6},
@@ -186,3 +202,46 @@ def test_missing_and_folder_experiment_paths(tmp_path, capsys):
     assert capsys.readouterr().err == f"copus: {tmp_path / 'none.yaml'}: experiment file not found\n"
     assert main(["validate", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"copus: {tmp_path}: experiment file not found\n"
+
+
+_PROTOCOL = {"tuning_seeds": [100], "evaluation_seeds": [1, 2], "tune": {"static_gbs": [8]}}
+# (id, suite keys over a valid tuned suite (None: key removed), start of the message after the file)
+SUITE_CASES = [
+    ("seeds-overlap", {"evaluation_seeds": [100, 2]}, "evaluation_seeds: 100 is also a tuning seed"),
+    ("tune-without-tuning-seeds", {"tuning_seeds": None}, "tuning_seeds: tune and tuning_seeds go together"),
+    ("tuning-seeds-without-tune", {"tune": None}, "tune: tune and tuning_seeds go together"),
+    ("tune-without-evaluation-seeds", {"evaluation_seeds": None}, "evaluation_seeds: required with tune"),
+    ("repeats-against-seeds", {"repeats": 3}, "repeats: 3 with 2 evaluation_seeds"),
+    ("seeds-vary", {"seeds": "vary"}, "seeds: 'vary' with evaluation_seeds"),
+    ("seed-twice", {"evaluation_seeds": [1, 1]}, "evaluation_seeds: 1 listed twice"),
+    ("seed-negative", {"tuning_seeds": [-1]}, "tuning_seeds.0: Input should be greater than or equal to 0"),
+    ("tune-empty", {"tune": {}}, "tune: give static_gbs, ramp or both"),
+    ("tune-unknown-key", {"tune": {"static_gbs": [8], "ramps": 1}}, "tune.ramps: unknown key"),
+    ("static-gbs-off-grid", {"tune": {"static_gbs": [5]}}, "tune.static_gbs.0: GBS 5 is not a GBS of the search space"),
+    (
+        "ramp-bad-increment",
+        {"tune": {"ramp": {"start_gbs": 4, "increment": 5, "gbs": 16, "samples": [32]}}},
+        "tune.ramp (ramp-32): batch.ramp.increment: 5 does not divide",
+    ),
+    ("ramp-without-lengths", {"tune": {"ramp": {"start_gbs": 4, "increment": 4}}}, "tune.ramp.samples: Field required"),
+]
+
+
+@pytest.mark.parametrize("case,changes,message", SUITE_CASES, ids=[c[0] for c in SUITE_CASES])
+def test_a_bad_suite_protocol_is_named_and_nothing_starts(base_mapping, tmp_path, capsys, case, changes, message):
+    out = tmp_path / "cmp"
+    suite = {
+        "experiment": base_mapping,
+        "policies": ["copus", "static"],
+        "output_dir": str(out),
+        **_PROTOCOL,
+        **changes,
+    }
+    suite = {k: v for k, v in suite.items() if v is not None}
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    assert main(["compare", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"copus: {path}: {message}"), err
+    assert err.count("\n") == 1, err  # one line
+    assert not out.exists() and not (tmp_path / "mlflow.db").exists()

@@ -23,6 +23,7 @@ LAST_LINES = {
     "hf_load.py": rf"layout dp\d+-tp\d+-pp\d+: per rank held {NUMBER} MB \(= bytes read\), peak RSS growth .*",
     "layouts.py": rf"best of \d+ workers: dp\d+ tp\d+ pp\d+.* gbs \d+ mbs \d+: {NUMBER} samples/s",
     "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
+    "noise_tracking.py": rf"tracking: progress x({NUMBER}|nan), fixed x({NUMBER}|nan)",
     "planner.py": rf"enumerate \+ score \+ decide from scratch: {NUMBER} ms",
     "prepare.py": r"same token files: True",
     "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",

@@ -60,7 +60,8 @@ BAD = [
     (
         "policy.name",
         "adaptive",
-        "policy.name: Input should be 'copus', 'static', 'cbs', 'cbs-pessimistic', 'cbs-optimistic' or 'copus-gbs'",
+        "policy.name: Input should be 'copus', 'static', 'cbs', 'cbs-pessimistic', 'cbs-optimistic', 'copus-gbs' "
+        "or 'ramp'",
     ),
     ("search.gbs_max", 4, "search.gbs_min: 8 exceeds search.gbs_max 4"),
     ("search.mbs", [1, 4], "search.mbs: must include batch.mbs 2 (got [1, 4])"),
@@ -200,3 +201,133 @@ def test_gns_command_refuses_a_single_batch_size(base_mapping, tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("copus: batch.gbs: 8 with parallel.dp 1 and batch.mbs 8 gives one batch size")
+
+
+# policy.name: ramp on the base experiment (dp 2 x mbs 2: every GBS a multiple of 4), to batch.gbs 16.
+RAMP = ["policy.name=ramp", "batch.gbs=16"]
+LINEAR = "batch.ramp={start_gbs: 4, increment: 4, samples: 96}"
+
+BAD_RAMPS = [
+    (["policy.name=ramp"], "batch.ramp: required with policy.name: ramp ({start_gbs, increment, samples} or {table})"),
+    ([LINEAR, "batch.gbs=16"], "batch.ramp: applies to policy.name: ramp only (policy.name is 'static')"),
+    (["batch.ramp={start_gbs: 16, increment: 4, samples: 96}"], "batch.ramp.start_gbs: 16 must be below batch.gbs 16"),
+    (
+        ["batch.ramp={start_gbs: 4, increment: 8, samples: 96}"],
+        "batch.ramp.increment: 8 does not divide batch.gbs - start_gbs = 16 - 4 = 12",
+    ),
+    (
+        ["batch.ramp={start_gbs: 6, increment: 2, samples: 96}"],
+        "batch.ramp.start_gbs: GBS 6 is not divisible by parallel.dp x batch.mbs = 2 x 2",
+    ),
+    (
+        ["batch.ramp={start_gbs: 4, increment: 2, samples: 96}"],
+        "batch.ramp.increment: 2 is not a multiple of parallel.dp x batch.mbs = 2 x 2",
+    ),
+    (
+        [LINEAR, "parallel.pp=2", "cluster.num_workers=4"],
+        "batch.ramp.start_gbs: GBS 4 gives 1 micro-batches per replica (gbs / (dp x mbs)), fewer than the 2 pipeline",
+    ),
+    (["batch.ramp={start_gbs: 4, increment: 4}"], "batch.ramp.samples: required (or give batch.ramp.table"),
+    (
+        ["batch.ramp={start_gbs: 4, table: [[0, 16]]}"],
+        "batch.ramp.start_gbs: give start_gbs, increment and samples, or a table, not both",
+    ),
+    (["batch.ramp={start: 4}"], "batch.ramp.start: unknown key"),
+    (["batch.ramp={increment: 0}"], "batch.ramp.increment: Input should be greater than or equal to 1"),
+    (["batch.ramp.table=[]"], "batch.ramp.table: List should have at least 1 item"),
+    (["batch.ramp.table=[[-1, 16]]"], "batch.ramp.table.0.0: Input should be greater than or equal to 0"),
+    (["batch.ramp.table=[[8, 4], [64, 16]]"], "batch.ramp.table.0: the first entry must be at 0 samples (got 8)"),
+    (
+        ["batch.ramp.table=[[0, 4], [64, 8], [32, 16]]"],
+        "batch.ramp.table.2: samples must increase from entry to entry (32 after 64)",
+    ),
+    (["batch.ramp.table=[[0, 4], [64, 8]]"], "batch.ramp.table.1: the last GBS 8 must be batch.gbs 16"),
+    (
+        ["batch.ramp.table=[[0, 4], [32, 6], [64, 16]]"],
+        "batch.ramp.table.1: GBS 6 is not divisible by parallel.dp x batch.mbs = 2 x 2",
+    ),
+    ([LINEAR, "policy.layout=best"], "policy.layout: 'best' applies to the static policy"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_RAMPS, ids=[" ".join(o) for o, _ in BAD_RAMPS])
+def test_bad_ramps_name_the_field(base_mapping, overrides, message):
+    policy = [] if any(o.startswith("batch.gbs") for o in overrides) else RAMP
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(base_mapping, policy + overrides)
+    text = str(err.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+
+
+def test_a_ramp_starts_at_its_first_gbs_needs_no_controller_and_travels_in_the_run_plan(base_mapping):
+    from copus.cluster.driver import prepare_data
+    from copus.core.ramp import BatchRamp
+    from copus.train.plan import plan_from_config
+
+    cfg = config_from_mapping(base_mapping, RAMP + [LINEAR, "gns.enabled=false"])  # no noise scale needed
+    assert cfg.batch_ramp() == BatchRamp.linear(4, 4, 96, 16)
+    assert cfg.start_config().gbs == 4 and cfg.batch.gbs == 16 and not cfg.adaptive
+    _, plan = prepare_data(cfg, lambda line: None)  # `copus run`'s workers follow the ramp
+    assert plan.gbs == 4 and plan.ramp.points == ((0, 4), (32, 8), (64, 12), (96, 16))
+    # A calibration or profile of the experiment trains at the batch sizes it chooses.
+    assert plan_from_config(cfg, "train.bin", "val.bin", "uint16").ramp is None
+    table = config_from_mapping(base_mapping, RAMP + ["batch.ramp.table=[[0, 8], [100, 16]]"])
+    assert table.batch_ramp().points == ((0, 8), (100, 16)) and table.start_config().gbs == 8
+    # Other policies are as they were: no ramp in their plan, static needs no controller, cbs does.
+    static = config_from_mapping(base_mapping)
+    assert static.batch_ramp() is None and static.start_config().gbs == 8 and not static.adaptive
+    assert prepare_data(static, lambda line: None)[1].ramp is None
+    assert config_from_mapping(base_mapping, ["policy.name=cbs"]).adaptive
+    assert config_from_mapping(base_mapping, ["policy.layout=best"]).adaptive
+
+
+def test_a_suite_may_list_ramp_beside_policies_that_drop_the_schedule(base_mapping, tmp_path):
+    """A suite's experiment carries batch.ramp for its ramp run; the other policies' runs drop it
+    (batch.ramp=null), as `copus compare` must set them up."""
+    from copus.config import load_suite
+
+    experiment = _with(_with(base_mapping, "policy.name", "ramp"), "batch.gbs", 16)
+    _with(experiment, "batch.ramp", {"start_gbs": 4, "increment": 4, "samples": 96})
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": experiment, "policies": ["ramp", "static"]}))
+    loaded, raw = load_suite(suite)
+    assert loaded.policies == ["ramp", "static"]
+    assert config_from_mapping(raw, ["policy.name=ramp"]).batch_ramp() is not None
+    static = config_from_mapping(raw, ["policy.name=static", "batch.ramp=null"])
+    assert static.batch.ramp is None and static.start_config().gbs == 16
+
+
+def test_a_suite_tunes_on_its_tuning_seeds_and_evaluates_on_others(base_mapping, tmp_path):
+    """Suite protocol fields: tuning and evaluation seeds (repeat r runs evaluation_seeds[r]) and
+    the `tune` section, whose candidates are valid runs of the experiment."""
+    from copus.config import load_suite, tuning_candidates
+
+    suite = {
+        "experiment": base_mapping,
+        "policies": ["copus", "static"],
+        "tuning_seeds": [100, 101],
+        "evaluation_seeds": [7, 3, 9],
+        "tune": {"static_gbs": [4, 6, 8], "ramp": {"start_gbs": 4, "increment": 4, "gbs": 16, "samples": [32, 64]}},
+    }
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    loaded, raw = load_suite(tmp_path / "suite.yaml")
+    assert loaded.evaluation_repeats == 3 and [loaded.run_seed(0, r, 1) for r in range(3)] == [7, 3, 9]
+    candidates = tuning_candidates(loaded, config_from_mapping(raw))
+    assert [c.name for c in candidates] == ["static-gbs4", "static-gbs6", "static-gbs8", "ramp-32", "ramp-64"]
+    # GBS 6 does not divide over dp 2 x MBS 2: it validates in another layout of the search space
+    # (the profile's fastest for it is what runs).
+    six = config_from_mapping(raw, list(candidates[1].overrides))
+    assert six.batch.gbs == 6 and six.policy.layout == "best" and (six.parallel.dp, six.parallel.pp) == (1, 2)
+    ramp = config_from_mapping(raw, list(candidates[4].overrides))
+    assert ramp.policy.name == "ramp" and ramp.batch_ramp().end_samples == 64 and ramp.batch.gbs == 16
+    # Old suites are as they were: no tuning, seeds from workload.seed and `repeats`.
+    plain = load_suite(_suite_file(tmp_path, {"experiment": base_mapping, "repeats": 2}))[0]
+    assert plain.evaluation_repeats == 2 and plain.run_seed(5, 1, 3) == 6 and plain.tune is None
+    vary = load_suite(_suite_file(tmp_path, {"experiment": base_mapping, "repeats": 2, "seeds": "vary"}))[0]
+    assert vary.run_seed(5, 1, 3) == 5 + 1 * 4 + 3
+
+
+def _suite_file(tmp_path, suite: dict):
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(suite))
+    return tmp_path / "plain.yaml"

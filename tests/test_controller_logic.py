@@ -156,7 +156,11 @@ def test_all_noise_means_full_efficiency_and_full_gain():
 def test_efficiency_forms():
     assert efficiency("pollux", 100.0, 16, 16) == 1.0
     assert efficiency("lr-aware", 100.0, 16, 64, 2.0) == pytest.approx(216 / 264)
-    assert efficiency("lr-aware", 100.0, 16, 64, 2.0) > efficiency("pollux", 100.0, 16, 64)
+    # Every form applies the critical factor (issue 26): one critical batch per run, whatever
+    # the form; Pollux's original form is c = 1.
+    for form in ("pollux", "lr-aware"):
+        assert efficiency(form, 100.0, 16, 64, 2.0) == pytest.approx(216 / 264)
+        assert efficiency(form, 100.0, 16, 64, 1.0) == pytest.approx(statistical_efficiency(100.0, 16, 64))
     assert math.isnan(efficiency("pollux", float("nan"), 16, 64))
     with pytest.raises(ValueError, match="policy.efficiency"):
         efficiency("magic", 1.0, 16, 64)

@@ -90,7 +90,7 @@ REFUSED = [
     ("sim-unreachable", ["simulate", SIM, "--set", "training.target_loss=0.1"], f"{SIM}: training.target_loss: 0.1 is"),
     (
         "sim-too-many-steps",
-        ["simulate", SIM, "--set", "seq_len=1", "--set", "search.gbs_max=256"],
+        ["simulate", SIM, "--set", "seq_len=1", "--set", "search.gbs_max=256", "--set", "training.target_loss=2.8"],
         f"{SIM}: training.target_loss: 2.8 needs at least",
     ),
     ("lr-inf", ["validate", "exp.yaml", "--set", "optimizer.lr=.inf"], "optimizer.lr: Input should be a finite number"),

@@ -93,7 +93,7 @@ def reported_run(run: Path, assets: Path) -> None:
     tracker.finish(run_id)
     (run / "summary.json").write_text(json.dumps({"mlflow_tracking_uri": uri, "mlflow_run_id": run_id}))
     (run / "profiles").mkdir()
-    shutil.copy(REPO / "docs" / "calibration-quickstart.json", run / "profiles" / "calibration-1b787585baa4.json")
+    shutil.copy(REPO / "docs" / "calibration-quickstart.json", run / "profiles" / "calibration-8626d6a4bb1a.json")
     rows = [
         {"dp": 2, "tp": 1, "pp": 1, "mbs": 4, "gbs": 8, "status": "ok", "step_time_s": 0.2},
         {"dp": 1, "tp": 1, "pp": 2, "mbs": 8, "gbs": 64, "status": "ok", "step_time_s": 0.4},

@@ -92,3 +92,41 @@ def test_a_comparison_parent_carries_its_figures_per_policy():
     columns = comparison_columns(["copus", "copus-gbs", "static"])
     assert columns[:2] == ["metrics.`speedup_vs_fastest_baseline`", "metrics.`paired_speedup_mean`"]
     assert "metrics.`time_to_target_s.static`" in columns and "tags.`final_config.copus-gbs`" in columns
+
+
+def test_the_printed_table_names_the_tuned_baselines_and_copus_against_the_best():
+    from copus.cluster.compare import comparison_table
+    from copus.core.comparison import summarize
+
+    times = {"copus": [80.0, 90.0], "static": [100.0, 120.0], "tuned-static": [88.0, 95.0]}
+    runs = [
+        {
+            "policy": policy,
+            "repeat": r,
+            "seed": 1000 + r,
+            "time_to_target_s": t,
+            "reached_target": True,
+            "final_val_loss": 2.2,
+            "samples": 500,
+            "reconfigurations": 0,
+            "wall_clock_s": t,
+            "output_dir": f"runs/s/{policy}/r{r}",
+        }
+        for policy, ts in times.items()
+        for r, t in enumerate(ts)
+    ]
+    candidate = {"entry": "tuned-static", "geomean_time_to_target_s": 70.0}
+    tuning = {
+        "seeds": [100],
+        "chosen": {"tuned-static": "static-gbs32"},
+        "candidates": [{**candidate, "name": "static-gbs32"}, {**candidate, "name": "static-gbs8"}],
+    }
+    result = {"policies": summarize(runs, list(times)), "runs": runs, "tuning": tuning}
+    table = comparison_table(result).splitlines()
+    assert any(line.startswith("tuned-static ") for line in table)
+    best = next(line for line in table if line.startswith("copus vs best baseline (tuned-static), paired log-ratio: "))
+    assert "95% CI" in best and "2 pairs" in best
+    assert any(line.startswith("  copus vs static: ") for line in table)
+    assert (
+        "  static-gbs32         70.0 s  -> tuned-static" in table and table[-1] == "comparison: runs/s/comparison.json"
+    )

@@ -90,6 +90,12 @@ def _add_analysis_commands(sub) -> None:
     _add_overrides(p, "override a field of the experiment (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--reuse-points",
+        metavar="FILE",
+        help="take over the continuations of this calibration file (same model, optimiser, schedule and "
+        "settings; another noise estimator or machine): only the reference run is repeated",
+    )
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
@@ -113,12 +119,13 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
     else:
-        p, b = cfg.parallel, cfg.batch
+        p, b, ramp = cfg.parallel, cfg.batch, cfg.batch_ramp()
         print(
             f"{args.experiment}: valid. {cfg.workload.model} seq {cfg.workload.seq_len}, layout dp{p.dp} tp{p.tp} pp{p.pp}"
             f"{cfg.start_config().knobs_label()} "
             f"on {cfg.cluster.num_workers} {'GPU' if cfg.cluster.use_gpu else 'CPU'} workers, gbs {b.gbs} "
-            f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}, "
+            f"(mbs {b.mbs} x {cfg.microbatches_per_replica} micro-batches x dp {p.dp}), policy {cfg.policy.name}"
+            f"{f' ({ramp.describe()})' if ramp is not None else ''}, "
             f"output {cfg.resolved_output_dir()}"
         )
     return 0
@@ -126,18 +133,22 @@ def _cmd_validate(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
 
 def _cmd_validate_suite(args: argparse.Namespace) -> int:
     """`copus validate SUITE.yaml`: the suite and its experiment, as `copus compare` reads them."""
-    from copus.config import config_from_mapping, load_suite
+    from copus.config import config_from_mapping, load_suite, tuning_candidates
 
     suite, experiment = load_suite(args.experiment, args.overrides)
     cfg = config_from_mapping(experiment, suite.set + args.overrides)
     if args.json:
         print(json.dumps({"suite": suite.model_dump(mode="json"), "experiment": cfg.model_dump(mode="json")}, indent=2))
         return 0
+    seeds = f"evaluation seeds {suite.evaluation_seeds}" if suite.evaluation_seeds else f"seeds {suite.seeds}"
     print(
-        f"{args.experiment}: valid comparison suite. {', '.join(suite.policies)} x {suite.repeats} repeat(s) "
-        f"(seeds {suite.seeds}) of {cfg.name}: {cfg.workload.model} seq {cfg.workload.seq_len}, "
+        f"{args.experiment}: valid comparison suite. {', '.join(suite.policies)} x {suite.evaluation_repeats} "
+        f"repeat(s) ({seeds}) of {cfg.name}: {cfg.workload.model} seq {cfg.workload.seq_len}, "
         f"gbs {cfg.batch.gbs}, output {suite.output_dir}"
     )
+    if suite.tune is not None:
+        names = [c.name for c in tuning_candidates(suite, cfg)]
+        print(f"tuning first on seeds {suite.tuning_seeds}: {', '.join(names)} (the winners run as tuned baselines)")
     return 0
 
 
@@ -326,7 +337,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
 
         with _json_stdout(args):
-            result = run_calibration(cfg, _echo(args))
+            result = run_calibration(cfg, _echo(args), args.reuse_points)
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2

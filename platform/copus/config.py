@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from copus.core.efficiency import EfficiencyForm
+from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
-from copus.core.policy_names import DEFAULT_SUITE, PolicyName
+from copus.core.policy_names import DEFAULT_SUITE, SCHEDULED, PolicyName
 from copus.storage import Location, StorageError, check_location, first_line, local_path, shown
 from workloads import catalog
 
@@ -117,9 +117,35 @@ class ScheduleConfig(Section):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
 
 
+class RampConfig(Section):
+    """`policy.name: ramp`: the GBS by samples seen (copus.core.ramp), up to batch.gbs. Megatron's
+    linear ramp (start_gbs, increment, samples) or an explicit table [[samples, gbs], ...]."""
+
+    start_gbs: int | None = Field(None, ge=1)
+    increment: int | None = Field(None, ge=1)
+    samples: int | None = Field(None, ge=1)  # the ramp's length: batch.gbs is reached here
+    table: list[tuple[Annotated[int, Field(ge=0)], PositiveInt]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "RampConfig":
+        linear = {"start_gbs": self.start_gbs, "increment": self.increment, "samples": self.samples}
+        if self.table is not None:
+            given = [k for k, v in linear.items() if v is not None]
+            if given:
+                raise FieldProblem(
+                    f"batch.ramp.{given[0]}", "give start_gbs, increment and samples, or a table, not both"
+                )
+            return self
+        missing = [k for k, v in linear.items() if v is None]
+        if missing:
+            raise FieldProblem(f"batch.ramp.{missing[0]}", "required (or give batch.ramp.table: [[samples, gbs], ...])")
+        return self
+
+
 class BatchConfig(Section):
-    gbs: int = Field(16, ge=1)
+    gbs: int = Field(16, ge=1)  # with batch.ramp: the final GBS, where the ramp ends
     mbs: int = Field(4, ge=1)
+    ramp: RampConfig | None = None
 
 
 class ParallelConfig(Section):
@@ -136,8 +162,14 @@ class ParallelConfig(Section):
 
 class GNSConfig(Section):
     enabled: bool = True
-    smoothing: float = Field(0.999, gt=0.0, lt=1.0)  # EMA factor per reference batch: theta = s ** (gbs / b0)
-    critical_factor: float = Field(2.0, gt=0.0)  # critical batch size = factor x B_noise (COPUS: 2.0)
+    # How far back the estimate reaches (copus.core.gns): progress, a half-life of
+    # half_life_share x the samples seen (at least min_half_life reference batches), so it keeps
+    # up with a noise scale that grows during training; fixed, smoothing per reference batch.
+    horizon: Literal["progress", "fixed"] = "progress"
+    half_life_share: float = Field(0.05, gt=0.0, le=1.0)
+    min_half_life: float = Field(8.0, gt=0.0)  # in reference batches (optimizer.reference_gbs)
+    smoothing: float = Field(0.999, gt=0.0, lt=1.0)  # horizon fixed: EMA factor per reference batch
+    critical_factor: float = Field(DEFAULT_CRITICAL_FACTOR, gt=0.0)  # critical batch = factor x B_noise
     precondition: Literal["none", "adam"] = "none"  # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
 
 
@@ -216,6 +248,16 @@ class ProfileConfig(Section):
     table_dir: StorageLocation | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 
+class LRProbeConfig(Section):
+    """The learning-rate rule's share of a batch-size change (docs/calibration.md): continuations at
+    `factors` x the rule's LR at each GBS of `gbs`, and at the reference GBS with the LR the rule
+    gives `jump_to` (a switch's LR jump without its batch)."""
+
+    gbs: list[PositiveInt] = Field(min_length=1)
+    factors: list[Annotated[float, Field(gt=0.0)]] = Field([0.5, 1.0, 2.0], min_length=1)
+    jump_to: PositiveInt | None = None  # default: 4 x optimizer.reference_gbs
+
+
 class CalibrationConfig(Section):
     """`copus calibrate`: branch a reference run at a few points and continue from each at every
     GBS of a grid until the validation loss has dropped by `decrement` (copus.core.calibration)."""
@@ -226,12 +268,22 @@ class CalibrationConfig(Section):
     # default: 20, 60, 120, 200 reference steps.
     branch_samples: list[PositiveInt] | None = Field(None, min_length=1)
     decrement: float = Field(0.1, gt=0.0)  # validation-loss drop each continuation trains to
-    seeds: int = Field(2, ge=1)  # continuations per (branch point, GBS), each on other data
+    # Continuations per (branch point, GBS), each on other data. Fewer than 4 leave B_crit's
+    # interval a factor 3 wide or more and the goodness-of-fit test with little to go on.
+    seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
-    val_samples: int | None = Field(None, ge=1)  # validation set of the calibration; default: eval.val_samples
+    # The calibration's validation set; default: see validation_samples.
+    val_samples: int | None = Field(None, ge=1)
     max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached
     gns_steps: int = Field(16, ge=2)  # batches the noise scale is measured over at each branch point
     cpus_per_trial: float | None = Field(None, gt=0.0)  # Ray Tune resources per run; default: the driver's cores
+    lr_probe: LRProbeConfig | None = None  # the LR rule's share; default: not measured
+
+    def validation_samples(self, eval_val_samples: int, split_samples: int) -> int:
+        """The calibration's validation set: val_samples if given; else at least 512 samples
+        (a decrement of 0.1 nats is then well above the noise of the loss it is read off, which
+        on 64 samples is not) and at least eval.val_samples, but no more than the split holds."""
+        return self.val_samples or min(max(512, eval_val_samples), split_samples)
 
 
 class TrackingConfig(Section):
@@ -276,7 +328,7 @@ class ExperimentConfig(Section):
     @property
     def adaptive(self) -> bool:
         """Whether the run needs the Goodput controller (and so a profile)."""
-        return self.policy.name != "static" or self.policy.layout == "best"
+        return self.policy.name not in SCHEDULED or (self.policy.name == "static" and self.policy.layout == "best")
 
     @property
     def microbatches_per_replica(self) -> int:
@@ -295,9 +347,22 @@ class ExperimentConfig(Section):
         return sorted(set(self.search.recompute or [self.parallel.recompute]), key=RECOMPUTE_MODES.index)
 
     def start_config(self) -> CandidateConfig:
-        """The configuration the experiment names: parallel.* and batch.*."""
-        p, b = self.parallel, self.batch
-        return CandidateConfig(p.dp, p.tp, p.pp, b.mbs, b.gbs, p.dp_shard, p.recompute)
+        """The configuration the experiment names: parallel.* and batch.* (a ramp starts at its
+        first GBS and ends at batch.gbs)."""
+        p, b, ramp = self.parallel, self.batch, self.batch_ramp()
+        gbs = ramp.start_gbs if ramp is not None else b.gbs
+        return CandidateConfig(p.dp, p.tp, p.pp, b.mbs, gbs, p.dp_shard, p.recompute)
+
+    def batch_ramp(self):
+        """batch.ramp as a schedule (a copus.core.ramp.BatchRamp), or None."""
+        r = self.batch.ramp
+        if r is None:
+            return None
+        from copus.core.ramp import BatchRamp  # its SwitchOrder pulls in the planner: not for every config
+
+        if r.table is not None:
+            return BatchRamp.from_table(r.table)
+        return BatchRamp.linear(r.start_gbs, r.increment, r.samples, self.batch.gbs)
 
     def flavour(self):
         """The model's shape (a workloads.flavours.ModelFlavour): named, or from workload.init_from."""
@@ -379,10 +444,11 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
         )
     if cfg.optimizer.lr_scaling == "adascale" and not cfg.gns.enabled:
         raise FieldProblem("optimizer.lr_scaling", "adascale needs the gradient noise scale: set gns.enabled: true")
-    if cfg.policy.name != "static" and not cfg.gns.enabled:
+    if cfg.policy.name not in SCHEDULED and not cfg.gns.enabled:
         raise FieldProblem(
             "policy.name", f"{cfg.policy.name!r} adapts to the gradient noise scale: set gns.enabled: true"
         )
+    _check_ramp(cfg, flavour.shape())
     if all(v is None for v in (s.target_val_loss, s.max_steps, s.max_samples, s.max_wall_clock_s)):
         raise FieldProblem("stop", "set at least one of target_val_loss, max_steps, max_samples, max_wall_clock_s")
     if cfg.schedule.decay == "cosine" and cfg.schedule.decay_samples is None:
@@ -404,6 +470,67 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
     if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
         raise FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
     _check_search(cfg, flavour.shape())
+
+
+def _check_ramp(cfg: ExperimentConfig, shape) -> None:
+    """batch.ramp goes with policy.name: ramp, both ways; its schedule rises to batch.gbs and
+    every GBS in it fits the layout and MBS, which stay (only the micro-batches per step change)."""
+    r, b = cfg.batch.ramp, cfg.batch
+    if cfg.policy.name != "ramp":
+        if r is not None:
+            raise FieldProblem("batch.ramp", f"applies to policy.name: ramp only (policy.name is {cfg.policy.name!r})")
+        return
+    if r is None:
+        raise FieldProblem("batch.ramp", "required with policy.name: ramp ({start_gbs, increment, samples} or {table})")
+    if cfg.policy.layout == "best":
+        raise FieldProblem("policy.layout", "'best' applies to the static policy; a ramp trains in the given layout")
+    from copus.core.layout import layout_problems
+
+    p = cfg.parallel
+    if r.table is None:
+        _check_linear_ramp(r, b.gbs)
+        # Every later GBS is start_gbs + k x increment: divisible when both are, more micro-batches.
+        steps = [("batch.ramp.start_gbs", r.start_gbs)]
+    else:
+        _check_ramp_table(r.table, b.gbs)
+        steps = [(f"batch.ramp.table.{i}", gbs) for i, (_, gbs) in enumerate(r.table)]
+    for field, gbs in steps:
+        problems = [m for f, m in layout_problems(p.dp, p.tp, p.pp, shape, None, gbs, b.mbs) if f == "batch.gbs"]
+        if problems:
+            raise FieldProblem(field, f"GBS {problems[0]}")
+    if r.table is None and r.increment % (p.dp * b.mbs):
+        raise FieldProblem(
+            "batch.ramp.increment",
+            f"{r.increment} is not a multiple of parallel.dp x batch.mbs = {p.dp} x {b.mbs} (every GBS of the ramp must be)",
+        )
+
+
+def _check_linear_ramp(r: RampConfig, final_gbs: int) -> None:
+    if r.start_gbs >= final_gbs:
+        raise FieldProblem(
+            "batch.ramp.start_gbs", f"{r.start_gbs} must be below batch.gbs {final_gbs}, where the ramp ends"
+        )
+    if (final_gbs - r.start_gbs) % r.increment:
+        raise FieldProblem(
+            "batch.ramp.increment",
+            f"{r.increment} does not divide batch.gbs - start_gbs = {final_gbs} - {r.start_gbs} = {final_gbs - r.start_gbs}",
+        )
+
+
+def _check_ramp_table(table: list[tuple[int, int]], final_gbs: int) -> None:
+    if table[0][0] != 0:
+        raise FieldProblem("batch.ramp.table.0", f"the first entry must be at 0 samples (got {table[0][0]})")
+    for i in range(1, len(table)):
+        if table[i][0] <= table[i - 1][0]:
+            raise FieldProblem(
+                f"batch.ramp.table.{i}",
+                f"samples must increase from entry to entry ({table[i][0]} after {table[i - 1][0]})",
+            )
+    if table[-1][1] != final_gbs:
+        raise FieldProblem(
+            f"batch.ramp.table.{len(table) - 1}",
+            f"the last GBS {table[-1][1]} must be batch.gbs {final_gbs}, where the ramp ends",
+        )
 
 
 def _checked_flavour(cfg: ExperimentConfig):
@@ -633,6 +760,44 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     return config_from_mapping(read_yaml(path), overrides)
 
 
+def _listed_once(field: str, values: list) -> None:
+    repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if repeated is not None:
+        raise FieldProblem(field, f"{repeated} listed twice")
+
+
+class TuneRampConfig(Section):
+    """A suite's ramp candidates (copus.core.tuning): Megatron's `--rampup-batch-size start_gbs
+    increment samples`, one candidate per ramp length in `samples`, in one layout and MBS."""
+
+    start_gbs: PositiveInt
+    increment: PositiveInt
+    samples: list[PositiveInt] = Field(min_length=1)  # the ramp lengths to tune over
+    gbs: PositiveInt | None = None  # the final GBS (default: the experiment's batch.gbs)
+    mbs: PositiveInt | None = None  # default: the experiment's batch.mbs
+    layout: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None  # [dp, tp, pp]; default: parallel.*
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "TuneRampConfig":
+        _listed_once("tune.ramp.samples", self.samples)
+        return self
+
+
+class TuneConfig(Section):
+    """What a suite tunes on its tuning seeds before the evaluation: static at each GBS of
+    `static_gbs` (the profile's fastest layout and MBS for each) and the ramp candidates."""
+
+    static_gbs: list[PositiveInt] = []
+    ramp: TuneRampConfig | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "TuneConfig":
+        if not self.static_gbs and self.ramp is None:
+            raise FieldProblem("tune", "give static_gbs, ramp or both (nothing to tune)")
+        _listed_once("tune.static_gbs", self.static_gbs)
+        return self
+
+
 class SuiteConfig(Section):
     """A comparison suite: one experiment run under several policies (`copus compare`)."""
 
@@ -652,6 +817,51 @@ class SuiteConfig(Section):
     order: Literal["shuffled", "listed"] = "shuffled"
     order_seed: int = Field(0, ge=0)
     output_dir: StorageLocation = "runs/comparison"
+    # The tuned baselines (copus.core.tuning) are chosen on tuning_seeds and measured, beside the
+    # policies, on evaluation_seeds: repeat r of every entry uses evaluation_seeds[r] (paired;
+    # they replace `repeats` and `seeds: same`). Disjoint, so no evaluation run steers the choice.
+    tuning_seeds: list[Seed] = []
+    evaluation_seeds: list[Seed] = []
+    tune: TuneConfig | None = None
+
+    @model_validator(mode="after")
+    def _protocol(self) -> "SuiteConfig":
+        _listed_once("tuning_seeds", self.tuning_seeds)
+        _listed_once("evaluation_seeds", self.evaluation_seeds)
+        shared = next((s for s in self.evaluation_seeds if s in self.tuning_seeds), None)
+        if shared is not None:
+            raise FieldProblem(
+                "evaluation_seeds", f"{shared} is also a tuning seed (tuning and evaluation seeds must be disjoint)"
+            )
+        if (self.tune is None) != (not self.tuning_seeds):
+            missing = "tuning_seeds" if self.tune is not None else "tune"
+            raise FieldProblem(missing, "tune and tuning_seeds go together (what to tune, and on which seeds)")
+        if self.tune is not None and not self.evaluation_seeds:
+            raise FieldProblem("evaluation_seeds", "required with tune (the tuned baselines are measured on them)")
+        if self.evaluation_seeds and "repeats" in self.model_fields_set and self.repeats != len(self.evaluation_seeds):
+            raise FieldProblem(
+                "repeats",
+                f"{self.repeats} with {len(self.evaluation_seeds)} evaluation_seeds: "
+                "each evaluation seed is one repeat (leave repeats out)",
+            )
+        if self.evaluation_seeds and self.seeds == "vary":
+            raise FieldProblem(
+                "seeds", "'vary' with evaluation_seeds: every entry of a repeat runs its evaluation seed"
+            )
+        return self
+
+    @property
+    def evaluation_repeats(self) -> int:
+        return len(self.evaluation_seeds) or self.repeats
+
+    def run_seed(self, base_seed: int, repeat: int, index: int) -> int:
+        """The workload seed of repeat `repeat` of the entry listed `index`-th: the repeat's
+        evaluation seed; else workload.seed + repeat (`seeds: same`) or one seed per run (`vary`)."""
+        if self.evaluation_seeds:
+            return self.evaluation_seeds[repeat]
+        if self.seeds == "same":
+            return base_seed + repeat
+        return base_seed + repeat * len(self.policies) + index
 
 
 def is_suite_file(path: str | os.PathLike) -> bool:
@@ -683,7 +893,51 @@ def load_suite(path: str | os.PathLike, overrides: list[str] | None = None) -> t
             raise ConfigError(f"{path}: experiment: file not found: {experiment}")
         raw = read_yaml(experiment)
     try:  # the base must be valid before anything runs
-        config_from_mapping(raw, suite.set + (overrides or []))
+        base = config_from_mapping(raw, suite.set + (overrides or []))
     except ConfigError as err:
         raise ConfigError(f"{path}: experiment: {err}") from None
+    _check_tuning_runs(path, suite, raw, base, overrides or [])
     return suite, raw
+
+
+def tuning_candidates(suite: SuiteConfig, base: ExperimentConfig) -> list:
+    """The suite's tuning candidates (copus.core.tuning.TuningCandidate) on its experiment `base`:
+    static at each `tune.static_gbs`, then the ramp at each `tune.ramp.samples`. FieldProblem
+    when a static GBS is off the search space (its run could not start in the fastest layout)."""
+    from copus.core.search import candidates, gbs_grid
+    from copus.core.tuning import ramp_candidate, start_for_gbs, static_candidate
+
+    if suite.tune is None:
+        return []
+    out = []
+    for i, gbs in enumerate(suite.tune.static_gbs):
+        grid = gbs_grid(base.search.gbs_min or gbs, base.search.gbs_max or gbs)
+        space = candidates(base.layout_choices(), base.mbs_choices(), [gbs], base.flavour().shape())
+        start = start_for_gbs(gbs, base.start_config(), space) if gbs in grid else None
+        if start is None:
+            raise FieldProblem(
+                f"tune.static_gbs.{i}",
+                f"GBS {gbs} is not a GBS of the search space (search.gbs_min/gbs_max grid {grid}, "
+                "search.layouts, search.mbs): static there could not start in the profile's fastest layout",
+            )
+        out.append(static_candidate(gbs, start))
+    ramp, p = suite.tune.ramp, base.parallel
+    if ramp is not None:
+        layout = ramp.layout or (p.dp, p.tp, p.pp)
+        final, mbs = ramp.gbs or base.batch.gbs, ramp.mbs or base.batch.mbs
+        out += [ramp_candidate(ramp.start_gbs, ramp.increment, s, final, mbs, layout) for s in ramp.samples]
+    return out
+
+
+def _check_tuning_runs(path, suite: SuiteConfig, raw: dict, base: ExperimentConfig, overrides: list[str]) -> None:
+    """Every tuning candidate's run must be valid before anything runs, like the base."""
+    try:
+        candidates = tuning_candidates(suite, base)
+    except FieldProblem as err:
+        raise ConfigError(f"{path}: {err}") from None
+    for candidate in candidates:
+        try:
+            config_from_mapping(raw, suite.set + overrides + list(candidate.overrides))
+        except ConfigError as err:
+            field = "tune.static_gbs" if candidate.kind == "static" else "tune.ramp"
+            raise ConfigError(f"{path}: {field} ({candidate.name}): {err}") from None

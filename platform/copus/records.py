@@ -75,7 +75,18 @@ class StepRecord(Record):
 
     kind: ClassVar[str] = "step"
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
-        {"gns_sqr", "gns_var", "b_noise", "critical_batch_size", "statistical_efficiency", "sample_ids"}
+        {
+            "gns_sqr",
+            "gns_var",
+            "b_noise",
+            "critical_batch_size",
+            "statistical_efficiency",
+            "gns_sq_small",
+            "gns_b_small",
+            "gns_sq_big",
+            "gns_b_big",
+            "sample_ids",
+        }
     )
     step: int
     samples: int | None = None
@@ -105,6 +116,12 @@ class StepRecord(Record):
     b_noise: float | None = None
     critical_batch_size: float | None = None
     statistical_efficiency: float | None = None
+    # The step's own two-batch measurement (squared gradient norms at two batch sizes), so the
+    # estimate can be recomputed offline under another horizon (bench/noise_tracking.py).
+    gns_sq_small: float | None = None
+    gns_b_small: float | None = None
+    gns_sq_big: float | None = None
+    gns_b_big: float | None = None
     sample_ids: list[int] | None = None  # the global batch's samples (COPUS_RECORD_SAMPLE_IDS=1)
 
     def config(self) -> CandidateConfig:

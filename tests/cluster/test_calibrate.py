@@ -5,6 +5,7 @@ planner reading it; bad settings refused before anything starts."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import ray
@@ -12,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from copus.cli import main
-from copus.cluster.calibrate import load_calibration, run_calibration
+from copus.cluster.calibrate import calibration_path, load_calibration, run_calibration
 from copus.cluster.launch import prepare_plan
 from copus.config import config_from_mapping
 from copus.core.calibration import CalibratedMapping
@@ -23,12 +24,18 @@ GRID = [2, 4, 8, 32]
 SETTINGS = [
     f"calibration.gbs={GRID}",
     "calibration.branch_samples=[16,48]",
-    "calibration.decrement=0.05",
+    # The debug model's loss falls 0.1-0.4 a step here: a smaller decrement is reached within the
+    # first step, which the calibration refuses as not measurable.
+    "calibration.decrement=0.5",
+    "calibration.val_samples=8",  # the default (512) is for real workloads: slow here, to no purpose
     "calibration.seeds=2",
     "calibration.max_samples=640",
     "calibration.eval_every_samples=16",
     "calibration.gns_steps=4",
     "stop.max_steps=100",
+    # The LR rule's share: B0 = 8 at twice the rule's LR, which is also the LR the rule gives
+    # GBS 32 (sqrt rule): one pair besides the grid, 4 more continuations.
+    "calibration.lr_probe={gbs: [8], factors: [2.0], jump_to: 32}",
 ]
 
 
@@ -38,7 +45,7 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     lines: list[str] = []
     data = run_calibration(cfg, lines.append)
 
-    assert len(data["branch_points"]) == 2 and len(data["points"]) == 2 * len(GRID) * 2
+    assert len(data["branch_points"]) == 2 and len(data["points"]) == 2 * (len(GRID) + 1) * 2
     first, second = data["branch_points"]
     assert first["samples_seen"] == 16 and second["samples_seen"] == 48 and second["val_loss"] < first["val_loss"]
     for b in data["branch_points"]:
@@ -51,7 +58,22 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
         assert {"branch", "gbs", "seed", "samples", "steps"} <= set(p)
         if p["reached"]:
             assert p["steps"] == pytest.approx(p["samples"] / p["gbs"])
-    assert sum(1 for line in lines if line.startswith("[")) == 16  # a progress line per run
+    assert sum(1 for line in lines if line.startswith("[")) == 20  # a progress line per run
+    # The cost: the reference run, the noise measurements and every continuation, in its units.
+    kept = _work_points(cfg)
+    own = sum(p["wall_clock_s"] for p in kept)
+    assert len(kept) == 20 and data["cost_s"] >= data["reference_run_s"] + own - 1e-6
+    assert data["cost_in_reference_runs"] == pytest.approx(data["cost_s"] / data["reference_run_s"])
+
+    # The LR probe: the B0 continuations at the jumped LR, against B0 and GBS 32 at the rule's LR.
+    probe = data["lr_probe"]
+    assert probe["jump_factor"] == pytest.approx(2.0) and len(probe["rows"]) == 2 and len(probe["jumps"]) == 2
+    for row, jump in zip(probe["rows"], probe["jumps"]):
+        assert (row["gbs"], row["lr_factor"], row["seeds"]) == (8, 2.0, 2)
+        assert jump["samples_b0_jumped_lr"] == row["mean_samples"] and jump["samples_b0"] == row["rule_samples"]
+    assert sum(1 for p in data["points"] if p["lr_factor"] == 2.0) == 4
+    # ... and only the grid's points at the rule's LR enter the fit.
+    assert all(len(b["gbs"]) <= len(GRID) for b in data["branch_points"])
 
     # Stored beside the profile table, keyed by the workload: the controller's planner reads it.
     tokens, _ = prepare_plan(cfg)
@@ -66,12 +88,30 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.data.tags.get("kind") == "calibration"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
-    assert len(parent) == 1 and len(children) == 16
+    assert len(parent) == 1 and len(children) == 20
     assert "b_crit.b0" in parent[0].data.metrics or first["b_crit"] is None
 
     # A second call finds every run done and gives the same fits without training again.
     again = run_calibration(cfg, lines.append)
     assert again["branch_points"] == data["branch_points"] and again["tune_overhead_s_per_trial"] is None
+
+    # Another noise estimator: the continuations are taken over (no continuation runs, the same
+    # B_crit), only the reference run is repeated, and the file is keyed by the new estimator.
+    fixed = config_from_mapping(base_mapping, [*SETTINGS, "gns.horizon=fixed"])
+    lines.clear()
+    reused = run_calibration(fixed, lines.append, reuse_points=data["path"])
+    assert not any(line.startswith("[") for line in lines) and reused["tune_overhead_s_per_trial"] is None
+    assert reused["key"]["gns"] != data["key"]["gns"] and reused["path"] != data["path"]
+    assert [b["b_crit"] for b in reused["branch_points"]] == [b["b_crit"] for b in data["branch_points"]]
+    assert reused["settings"]["points_from"]["id"] == data["id"]
+    assert load_calibration(fixed, tokens.fingerprint)["id"] == reused["id"]
+
+
+def _work_points(cfg) -> list[dict]:
+    """The continuations the calibration kept in its work folder (each with its own wall-clock)."""
+    tokens, _ = prepare_plan(cfg)
+    folder = calibration_path(cfg, tokens.fingerprint)
+    return [json.loads(f.read_text()) for f in Path(str(folder).removesuffix(".json")).glob("*/points/*.json")]
 
 
 def test_bad_calibration_settings_are_refused_before_anything_starts(base_mapping, tmp_path, capsys):

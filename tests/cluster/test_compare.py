@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 POLICIES = ["copus", "copus-gbs", "static"]
 
 
-def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
+def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys, monkeypatch):
     experiment = {
         **base_mapping,
         "search": {"gbs_min": 8, "gbs_max": 16, "mbs": [2], "layouts": [[2, 1, 1], [1, 1, 2]]},
@@ -35,19 +36,24 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
         "name": "tiny-suite",
         "experiment": "exp.yaml",
         "policies": POLICIES,
-        "repeats": 2,
+        # Tuned static (GBS 8 or 16, chosen on seed 100) joins the policies on evaluation seeds 0, 1.
+        "tuning_seeds": [100],
+        "evaluation_seeds": [0, 1],
+        "tune": {"static_gbs": [8, 16]},
         "output_dir": str(tmp_path / "cmp"),
     }
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    started = _watch_the_choice_before_each_run(monkeypatch, tmp_path / "cmp" / "comparison.json")
 
     assert main(["compare", str(tmp_path / "suite.yaml"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert saved["policies"] == result["policies"]
     assert saved["mlflow_view_key"] == result["mlflow_view_key"] == f"compare-{result['mlflow_parent_run_id']}"
-    # Each repeat ran every policy once, in the recorded (shuffled) order, on the repeat's seed.
+    entries = _the_tuned_baseline_was_chosen_first(result, started)
+    # Each repeat ran every entry once, in the recorded (shuffled) order, on the repeat's seed.
     orders = result["run_order"]["repeats"]
-    assert result["run_order"]["order"] == "shuffled" and [sorted(o) for o in orders] == [sorted(POLICIES)] * 2
+    assert result["run_order"]["order"] == "shuffled" and [sorted(o) for o in orders] == [sorted(entries)] * 2
     assert [(r["policy"], r["repeat"], r["seed"], r["position"]) for r in result["runs"]] == [
         (policy, repeat, repeat, position) for repeat in (0, 1) for position, policy in enumerate(orders[repeat])
     ]
@@ -67,11 +73,14 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
             "reconfigurations",
         } <= set(stats)
     copus = result["policies"]["copus"]
+    stats = result["policies"]
+    done = [b for b in entries if b not in ("copus", "copus-gbs") and stats[b]["reached_target"]]  # static, tuned
     for ours in ("copus", "copus-gbs"):  # the ablation is measured against the baselines, never one itself
-        s = result["policies"][ours]
-        if s["reached_target"] and result["policies"]["static"]["reached_target"]:
-            expected = result["policies"]["static"]["time_to_target_s"] / s["time_to_target_s"] - 1
-            assert s["speedup_vs_fastest_baseline"] == pytest.approx(expected) and s["fastest_baseline"] == "static"
+        s = stats[ours]
+        if s["reached_target"] and done:
+            fastest = min(done, key=lambda b: stats[b]["time_to_target_s"])
+            expected = stats[fastest]["time_to_target_s"] / s["time_to_target_s"] - 1
+            assert s["speedup_vs_fastest_baseline"] == pytest.approx(expected) and s["fastest_baseline"] == fastest
             assert len(s["paired_speedup_per_repeat"]) == 2 and s["paired_speedup_ci95"] is not None
     if copus["reached_target"] and result["policies"]["copus-gbs"]["reached_target"]:
         assert len(copus["vs_copus_gbs"]["paired_speedup_per_repeat"]) == 2
@@ -81,7 +90,9 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
     parent = result["mlflow_parent_run_id"]
     children = [client.get_run(r["mlflow_run_id"]) for r in result["runs"]]
     assert all(c.data.tags["mlflow.parentRunId"] == parent for c in children)
-    assert {c.data.tags["policy"] for c in children} == {"copus", "copus-gbs", "static"}
+    assert {c.data.tags["policy"] for c in children} == set(entries)
+    tuning_runs = [client.get_run(r["mlflow_run_id"]) for r in result["tuning"]["runs"]]
+    assert all(c.data.tags["copus.phase"] == "tuning" for c in tuning_runs)
     assert client.get_run(parent).info.status == "FINISHED"
     assert [a.path for a in client.list_artifacts(parent)] == ["comparison.json"]
     # The outcome is in the names the runs table always shows: time to target and final configuration.
@@ -89,6 +100,47 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys):
         assert child.info.run_name.startswith(f"tiny-suite/{run['policy']}/r{run['repeat']} | ")
         assert child.data.tags["final_config"] in child.info.run_name
     _the_mlflow_ui_shows_the_results(tmp_path, result, client.get_run(parent))
+
+
+def _watch_the_choice_before_each_run(monkeypatch, comparison: Path) -> list[tuple[str, dict | None]]:
+    """Each run's MLflow name and the tuning block comparison.json held when the run started."""
+    import copus.cluster.compare as compare
+
+    started: list[tuple[str, dict | None]] = []
+
+    def watched(cfg, **kwargs):
+        tuning = json.loads(comparison.read_text()).get("tuning") if comparison.exists() else None
+        started.append((cfg.tracking.run_name, tuning))
+        return run_experiment(cfg, **kwargs)
+
+    run_experiment = compare.run_experiment
+    monkeypatch.setattr(compare, "run_experiment", watched)
+    return started
+
+
+def _the_tuned_baseline_was_chosen_first(result: dict, started: list) -> list[str]:
+    """The tuning block: both candidates on the tuning seed, the choice written to comparison.json
+    before the first evaluation run started; the per-seed and paired log-ratio fields. Returns the
+    suite's entries."""
+    tuning = result["tuning"]
+    assert tuning["seeds"] == [100] and [c["name"] for c in tuning["candidates"]] == ["static-gbs8", "static-gbs16"]
+    assert [(r["candidate"], r["seed"]) for r in tuning["runs"]] == [(n, 100) for n in tuning["run_order"][0]]
+    chosen = tuning["chosen"]["tuned-static"]
+    entries = POLICIES + (["tuned-static"] if chosen else [])
+    names = [name for name, _ in started]
+    assert [n.split("/")[1] for n in names[:2]] == ["tuning", "tuning"] and len(names) == 2 + 2 * len(entries)
+    assert all(seen is not None and seen["chosen"] == tuning["chosen"] for _, seen in started[2:])  # pre-registered
+    assert all(r["started_at"] > tuning["chosen_at"] for r in result["runs"])
+    if chosen:
+        settings = next(c["settings"] for c in tuning["candidates"] if c["name"] == chosen)
+        tuned = [r for r in result["runs"] if r["policy"] == "tuned-static"]
+        assert [r["initial_layout"]["gbs"] for r in tuned] == [settings["gbs"]] * 2
+    stats = result["policies"]
+    assert [row["seed"] for row in stats["static"]["per_seed"]] == [0, 1]
+    assert set(stats["copus"]["paired_log_ratio"]) == {e for e in entries if e not in ("copus", "copus-gbs")}
+    best = result["best_baseline"]
+    assert (stats["copus"]["vs_best_baseline"] or {}).get("baseline") == best
+    return entries
 
 
 def _the_mlflow_ui_shows_the_results(tmp_path, result, parent):
@@ -118,3 +170,21 @@ def test_a_bad_suite_names_the_field(tmp_path, capsys):
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump({"experiment": "x.yaml", "policies": ["magic"]}))
     assert main(["compare", str(tmp_path / "suite.yaml")]) == 2
     assert "policies.0" in capsys.readouterr().err
+
+
+def test_the_runs_of_a_suite_with_a_ramp_drop_the_schedule_except_the_ramp_run(base_mapping, tmp_path):
+    """What `copus compare` builds for each policy of a suite whose experiment carries batch.ramp:
+    the ramp run keeps it, every other policy's run has batch.ramp=null (else its config is refused)."""
+    from copus.cluster.compare import _policy_config
+    from copus.config import load_suite
+    from copus.storage import Location
+
+    experiment = {**base_mapping, "policy": {"name": "ramp"}, "batch": {"gbs": 16, "mbs": 2}}
+    experiment["batch"]["ramp"] = {"start_gbs": 4, "increment": 4, "samples": 96}
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": experiment, "policies": ["ramp", "static", "copus"]}))
+    loaded, raw = load_suite(suite)
+    run_dir = Location.parse(str(tmp_path / "out"))
+    for policy in ("ramp", "static", "copus"):
+        cfg = _policy_config(loaded, raw, [], policy, 0, 0, run_dir, str(tmp_path / "profiles"))
+        assert (cfg.batch.ramp is not None) == (policy == "ramp"), policy

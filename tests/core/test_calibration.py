@@ -9,11 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from copus.config import CalibrationConfig
 from copus.core.calibration import (
     CalibratedMapping,
     NoiseScaleMapping,
+    Sweep,
     branch_fit_from_dict,
+    branch_point_problem,
+    crossing_unresolved,
+    finer_evaluation,
     fit_branch,
+    fit_branches,
     mapping_from_calibration,
     samples_to_decrement,
     smoothed_crossing,
@@ -131,3 +137,90 @@ def test_the_smoothed_crossing_is_not_fooled_by_noise_the_first_passage_is():
         smooth.append(smoothed_crossing(list(s), list(loss), 2.85, 0.05))
     assert np.mean(first) < 140 and abs(np.mean(smooth) - 150) < 5  # first passage: 131, 12% early
     assert math.isnan(smoothed_crossing([0, 10, 20], [3.0, 2.99, 2.98], 2.5, 0.05))
+
+
+def test_a_crossing_within_the_first_evaluation_is_unresolved():
+    # The branch point at 0 samples, evaluations every 64: the trend is 0.15 down by the first.
+    samples, losses = [0, 64, 128, 192], [3.0, 2.8, 2.75, 2.7]
+    early = smoothed_crossing(samples, losses, 2.85, 0.05)
+    assert 0 < early <= 64 and crossing_unresolved(samples, early)
+    late = smoothed_crossing(samples, losses, 2.78, 0.05)
+    assert late > 64 and not crossing_unresolved(samples, late)
+    assert not crossing_unresolved(samples, float("nan"))
+
+
+def test_finer_evaluation_goes_down_to_one_step():
+    assert finer_evaluation(64, 4) == 16 and finer_evaluation(16, 4) == 4 and finer_evaluation(4, 4) is None
+    assert finer_evaluation(64, 32) == 32 and finer_evaluation(64, 64) is None
+    assert finer_evaluation(40, 16) == 16  # 2 steps between evaluations, then 1
+
+
+def test_the_joint_fit_pools_a_critical_batch_that_falls_with_progress():
+    early = Sweep(3.0, 0.1, 320, {b: [100 * (1 + b / 40)] * 2 for b in GRID})
+    late = Sweep(2.5, 0.1, 960, {b: [300 * (1 + b / 10)] * 2 for b in GRID})
+    fits = fit_branches([late, early], b0=16)
+    assert [f.b_crit_raw for f in fits] == pytest.approx([10.0, 40.0])
+    # Equally precise: both at the geometric mean, which the planner then reads.
+    assert [f.b_crit for f in fits] == pytest.approx([20.0, 20.0])
+    assert CalibratedMapping(tuple(fits), b0=16).critical_batch(float("nan"), 2.0) == pytest.approx(20.0)
+    # A branch point alone is its own joint fit.
+    alone = fit_branch(3.0, 0.1, 320, early.points, 16)
+    assert alone.b_crit == pytest.approx(40.0) and alone.b_crit_raw == alone.b_crit
+
+
+def test_a_sweep_with_a_point_not_measured_is_fitted_from_the_others():
+    rng = np.random.default_rng(5)
+    points = mccandlish_points(20.0, 400.0, 0.05, 4, rng)
+    points[4][1] = float("nan")  # seed 1 at GBS 4: not measurable
+    points[64] = [float("nan")] * 4  # never reached at GBS 64
+    fit = fit_branch(3.0, 0.1, 320, points, b0=16)
+    assert fit.gbs == [4, 8, 16, 32] and fit.b_crit_low <= 20.0 <= fit.b_crit_high
+
+
+def test_a_calibration_file_written_before_the_joint_fit_still_loads():
+    fit = fit_branch(3.0, 0.2, 320, {b: [100 * (1 + b / 4)] * 2 for b in GRID}, 16)
+    old = {
+        k: v
+        for k, v in fit.as_dict().items()
+        if k not in ("b_crit_raw", "b_crit_raw_low", "b_crit_raw_high", "log_b_crit_sd")
+    }
+    assert branch_point_problem(old) is None
+    again = branch_fit_from_dict(old)
+    assert again.b_crit == pytest.approx(4.0) and math.isnan(again.b_crit_raw)
+    assert branch_point_problem({**fit.as_dict(), "b_crit_raw": "4"}) == "b_crit_raw has the wrong type"
+
+
+def test_the_calibration_defaults_measure_with_4_seeds_on_at_least_512_samples():
+    default = CalibrationConfig()
+    assert default.seeds == 4
+    assert default.validation_samples(64, 10_000) == 512  # at least 512 ...
+    assert default.validation_samples(1024, 10_000) == 1024  # ... and at least eval.val_samples ...
+    assert default.validation_samples(64, 300) == 300  # ... but no more than the split holds
+    assert CalibrationConfig(val_samples=64).validation_samples(1024, 10_000) == 64  # as given
+
+
+def test_the_lr_probe_table_compares_each_lr_with_the_rules_and_the_jump_with_the_switch():
+    from copus.core.calibration import lr_probe_table
+
+    def point(branch, gbs, seed, samples, factor=1.0):
+        return {"branch": branch, "gbs": gbs, "seed": seed, "samples": samples, "lr_factor": factor}
+
+    points = [
+        point(0, 16, 0, 100.0),
+        point(0, 16, 1, 120.0),  # E(16) = 110 at the rule's LR
+        point(0, 64, 0, 440.0),  # E(64) = 440: the switch 16 -> 64 takes 4x the samples
+        point(0, 16, 0, 200.0, 2.0),
+        point(0, 16, 1, float("nan"), 2.0),  # not measured: left out of the mean
+        point(0, 64, 0, 220.0, 0.5),
+    ]
+    probe = {"jump_to": 64, "jump_factor": 2.0, "pairs": [[16, 2.0], [64, 0.5]]}
+    table = lr_probe_table(points, 16, probe)
+    first, second = table["rows"]
+    assert (first["mean_samples"], first["seeds"], first["rule_samples"]) == (200.0, 1, 110.0)
+    assert first["relative_to_rule"] == pytest.approx(200 / 110)
+    assert second["relative_to_rule"] == pytest.approx(0.5)
+    (jump,) = table["jumps"]
+    # The LR jump alone takes 200/110 of B0's samples; the switch 4x: a share log(1.82)/log(4).
+    assert jump["lr_share_of_switch"] == pytest.approx(math.log(200 / 110) / math.log(4))
+    no_switch = lr_probe_table([point(0, 16, 0, 100.0), point(0, 64, 0, 100.0)], 16, probe)
+    assert no_switch["jumps"][0]["lr_share_of_switch"] is None and no_switch["rows"][0]["mean_samples"] is None

@@ -83,3 +83,75 @@ def test_the_run_order_is_a_recorded_shuffle_that_no_policy_always_leads():
     assert len({o[0] for o in orders}) == len(policies)  # every policy leads some repeat
     assert orders != [run_order(policies, r, seed=1, shuffled=True) for r in range(16)]
     assert run_order(policies, 3, seed=0, shuffled=False) == policies
+
+
+def seeded(policy, repeat, ttt, seed=None, wall=None, samples=100):
+    """A run row as `copus compare` writes it: with its seed and its wall-clock time."""
+    row = run(policy, repeat, ttt, samples=samples)
+    return {**row, "seed": 1000 + repeat if seed is None else seed, "wall_clock_s": wall or (ttt or 300.0)}
+
+
+def test_paired_log_ratios_per_baseline_and_against_the_best_baseline():
+    import math
+
+    copus = [80.0, 90.0, 100.0]
+    static = [100.0, 99.0, 130.0]
+    tuned = [88.0, 95.0, 104.0]  # the best baseline: lowest mean log time
+    runs = [seeded("copus", r, t) for r, t in enumerate(copus)]
+    runs += [seeded("static", r, t) for r, t in enumerate(static)]
+    runs += [seeded("tuned-static", r, t, samples=200 + r) for r, t in enumerate(tuned)]
+    out = summarize(runs, ["copus", "static", "tuned-static"])
+
+    assert [row["seed"] for row in out["tuned-static"]["per_seed"]] == [1000, 1001, 1002]
+    assert [row["samples_to_target"] for row in out["tuned-static"]["per_seed"]] == [200, 201, 202]
+    assert out["static"]["mean_log_time_to_target"] == pytest.approx(sum(map(math.log, static)) / 3)
+    assert out["static"]["geomean_time_to_target_s"] == pytest.approx((100 * 99 * 130) ** (1 / 3))
+    best = out["copus"]["vs_best_baseline"]
+    assert best["baseline"] == "tuned-static" and best["n_pairs"] == 3 and best["complete"]
+    logs = [math.log(t / c) for t, c in zip(tuned, copus)]
+    assert [p["log_ratio"] for p in best["pairs"]] == pytest.approx(logs)
+    mean = sum(logs) / 3
+    sd = (sum((x - mean) ** 2 for x in logs) / 2) ** 0.5
+    half = 4.302653 * sd / 3**0.5  # Student t, 2 degrees of freedom, 97.5%
+    assert best["log_ratio_mean"] == pytest.approx(mean)
+    assert best["log_ratio_ci95"] == pytest.approx([mean - half, mean + half], rel=1e-5)
+    assert best["speedup"] == pytest.approx(math.exp(mean) - 1)
+    assert best["speedup_ci95"] == pytest.approx([math.exp(mean - half) - 1, math.exp(mean + half) - 1], rel=1e-5)
+    against_static = out["copus"]["paired_log_ratio"]["static"]
+    assert against_static["log_ratio_mean"] == pytest.approx(sum(math.log(s / c) for s, c in zip(static, copus)) / 3)
+    assert "copus" not in out["copus"]["paired_log_ratio"]  # only baselines
+
+
+def test_a_missed_baseline_is_censored_at_its_wall_clock_and_a_missed_copus_pair_left_out():
+    import math
+
+    from copus.core.comparison import best_baseline
+
+    runs = [
+        seeded("copus", 0, 80.0),
+        seeded("copus", 1, None, wall=300.0),  # copus missed: no bound on this pair
+        seeded("copus", 2, 90.0),
+        seeded("static", 0, 100.0),
+        seeded("static", 1, 110.0),
+        seeded("static", 2, None, wall=300.0),  # static missed: at least 300 s
+        seeded("cbs-pessimistic", 0, 150.0),
+        seeded("cbs-pessimistic", 1, 150.0),
+        seeded("cbs-pessimistic", 2, 150.0),
+    ]
+    out = summarize(runs, ["copus", "static", "cbs-pessimistic"])
+    vs_static = out["copus"]["paired_log_ratio"]["static"]
+    assert [p["seed"] for p in vs_static["pairs"]] == [1000, 1002]
+    assert [p["log_ratio"] for p in vs_static["pairs"]] == pytest.approx([math.log(100 / 80), math.log(300 / 90)])
+    assert vs_static["censored_seeds"] == [1002]
+    assert vs_static["pairs_excluded"] == 1 and vs_static["excluded_seeds"] == [1001] and not vs_static["complete"]
+    # The best baseline reached the target on every seed: static missed one, so it is not.
+    assert out["static"]["mean_log_time_to_target"] is None
+    assert best_baseline(out, ["static", "cbs-pessimistic"]) == "cbs-pessimistic"
+    assert out["copus"]["vs_best_baseline"]["baseline"] == "cbs-pessimistic"
+    assert out["copus"]["per_seed"][1]["time_to_target_s"] is None
+    assert out["copus"]["per_seed"][1]["samples_to_target"] is None
+    # No baseline reached the target everywhere: no best baseline.
+    lonely = summarize([seeded("copus", 0, 80.0), seeded("static", 0, None)], ["copus", "static"])
+    assert lonely["copus"]["vs_best_baseline"] is None
+    single = summarize([seeded("copus", 0, 80.0), seeded("static", 0, 88.0)], ["copus", "static"])
+    assert single["copus"]["vs_best_baseline"]["log_ratio_ci95"] is None  # one pair: no interval

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.core.efficiency import statistical_efficiency
-from copus.core.gns import GNSEstimator, two_batch_estimates
+from copus.core.gns import GNSEstimator, Horizon, two_batch_estimates
 
 
 def _sq_norm_of_batch_gradient(rng, G, sigma_diag, b):
@@ -96,3 +96,61 @@ def test_statistical_efficiency_shape():
     assert statistical_efficiency(100.0, 16, 200) < statistical_efficiency(100.0, 16, 32) < 1.0
     assert statistical_efficiency(math.inf, 16, 1000) == 1.0
     assert math.isnan(statistical_efficiency(math.nan, 16, 32))
+
+
+def _drifting_run(horizon: Horizon, samples_total: int = 10_000, gbs: int = 16, b_small: int = 4, seed: int = 0):
+    """A run whose true noise scale grows 20x (|G|² falls as the loss does, tr(Σ) stays):
+    (samples seen, true B_noise, estimate) at every step."""
+    rng = np.random.default_rng(seed)
+    dim = 400
+    direction = rng.normal(size=dim)
+    direction /= np.linalg.norm(direction)
+    sigma = np.full(dim, 400.0 / dim)  # tr(Σ) = 400
+    est = GNSEstimator(reference_gbs=gbs, horizon=horizon)
+    out = []
+    for step in range(1, samples_total // gbs + 1):
+        seen = step * gbs
+        b_noise = 5.0 * 20.0 ** (seen / samples_total)
+        G = direction * math.sqrt(400.0 / b_noise)
+        sq_small = _sq_norm_of_batch_gradient(rng, G, sigma, b_small)
+        sq_big = _sq_norm_of_batch_gradient(rng, G, sigma, gbs)
+        est.update(sq_small, b_small, sq_big, gbs, seen)
+        out.append((seen, b_noise, est.b_noise))
+    return out
+
+
+def test_the_progress_horizon_keeps_up_with_a_growing_noise_scale_and_the_fixed_one_lags():
+    """Why the default horizon is a share of the samples seen (issue 26): with 0.999 per
+    reference batch the estimate is close to the average since step 0 on a run this short."""
+    progress = _drifting_run(Horizon(share=0.05, floor=128.0))
+    fixed = _drifting_run(Horizon(share=None, smoothing=0.999))
+    for seen, truth, estimate in progress[len(progress) // 4 :: 50]:
+        assert estimate == pytest.approx(truth, rel=0.35), seen
+    late = [(t, p, f) for (_, t, p), (_, _, f) in zip(progress, fixed)][-100:]
+    progress_ratio = np.median([p / t for t, p, _ in late])
+    fixed_ratio = np.median([f / t for t, _, f in late])
+    assert 0.8 < progress_ratio < 1.1  # a little low: the average trails the present by h/ln 2
+    assert fixed_ratio < 0.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    share=st.floats(0.01, 1.0),
+    floor=st.floats(1.0, 1e4),
+    batch=st.floats(1.0, 4096.0),
+    seen=st.floats(0.0, 1e8),
+)
+def test_the_progress_horizon_forgets_less_as_the_run_goes_on(share, floor, batch, seen):
+    h = Horizon(share=share, floor=floor)
+    theta = h.theta(batch, 16, seen)
+    assert 0.0 <= theta < 1.0
+    assert h.theta(batch, 16, seen * 2 + 1) >= theta  # later: a longer half-life
+    assert h.theta(batch * 2, 16, seen) <= theta  # a larger batch moves the average further
+    assert h.theta(batch, 16, None) == pytest.approx(h.smoothing ** (batch / 16))  # fixed weights
+
+
+def test_a_bad_horizon_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="gns.half_life_share"):
+        Horizon(share=0.0)
+    with pytest.raises(ValueError, match="gns.smoothing"):
+        Horizon(smoothing=1.0)

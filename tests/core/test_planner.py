@@ -42,13 +42,14 @@ def test_prefers_larger_gbs_as_the_noise_scale_grows(b_noise, factor):
 
 
 def test_goodput_is_throughput_times_efficiency():
-    p = planner(form="pollux")
+    p = planner(form="pollux", critical_factor=1.0)
     s = p.score(CANDS[7], 100.0)
     assert s.goodput == pytest.approx(s.throughput * (100 + 16) / (100 + CANDS[7].gbs))
-    lr_aware = Planner(CANDS, model_throughput, 16, form="lr-aware", critical_factor=2.0).score(CANDS[7], 100.0)
-    assert (
-        lr_aware.efficiency == pytest.approx((200 + 16) / (200 + CANDS[7].gbs)) and lr_aware.efficiency >= s.efficiency
-    )
+    for form in ("pollux", "lr-aware"):  # the critical batch is c x B_noise in every form
+        scaled = Planner(CANDS, model_throughput, 16, form=form, critical_factor=2.0).score(CANDS[7], 100.0)
+        assert (
+            scaled.efficiency == pytest.approx((200 + 16) / (200 + CANDS[7].gbs)) and scaled.efficiency >= s.efficiency
+        )
 
 
 def test_respects_memory_by_choosing_only_among_feasible_candidates():
@@ -148,9 +149,13 @@ def test_policies_share_the_planner_and_differ_in_the_decision():
     assert initial_config("static", p, start, "best").gbs == 16
     assert decide("static", p, start, 100.0, 60, SwitchCosts(10.0, 10.0)) is None
     cbs = decide("cbs", p, start, 100.0, 60, SwitchCosts(10.0, 10.0))
-    assert cbs.switch and same_shape(cbs.target, start) and cbs.target.gbs == nearest_gbs(p, start, 200).gbs
+    assert (
+        cbs.switch
+        and same_shape(cbs.target, start)
+        and cbs.target.gbs == nearest_gbs(p, start, p.critical_factor * 100.0).gbs
+    )
     assert decide("cbs", p, start, float("nan"), 60, SwitchCosts(10.0, 10.0)) is None
-    assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs"}
+    assert set(POLICIES) == {"copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs", "ramp"}
 
 
 def test_copus_gbs_chooses_the_gbs_by_goodput_and_keeps_the_layout():

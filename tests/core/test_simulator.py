@@ -1,7 +1,9 @@
 """The simulator: invariants of simulated runs, proof that it drives the planner of
 `copus.core` (patching the planner changes what the simulation does), and that its training
 truth stands apart from what the planner believes (a wrong mapping costs time; a calibration
-file sets the truth)."""
+file sets the truth). Where a test is about the mapping or the truth, the planner reads the
+present truth exactly (`ORACLE`): by default its estimate lags and errs as a real one
+(tests/core/test_sim_model.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from workloads.flavours import FLAVOURS
 
 SHAPE_13B = FLAVOURS["llama-2-13b"].shape()
 SIM_DIR = Path(__file__).resolve().parents[2] / "experiments" / "sim"
+ORACLE = NoiseEstimate(noise=0.0, half_life_share=0.0, min_half_life=0.0)
 
 
 def setting(**changes) -> Setting:
@@ -58,8 +61,9 @@ def test_static_never_reconfigures_and_copus_adapts():
 
 
 def test_a_flat_noise_scale_leaves_the_cbs_gbs_alone():
-    # c x B_noise = 256 samples, the start: the critical batch never moves, nor does CBS.
-    s = setting(critical=CriticalBatch(flat_tokens=256 * 4096))
+    # c x B_noise = 256 samples, the start: the critical batch never moves, nor does CBS (read
+    # exactly: a noisy estimate would move it).
+    s = setting(critical=CriticalBatch(flat_tokens=256 * 4096), estimate=ORACLE)
     space = search_space(s)
     for policy in ("cbs-pessimistic", "cbs-optimistic", "cbs"):
         r = simulate(s, policy, space)
@@ -126,6 +130,10 @@ def test_paper_settings_load_and_bad_ones_are_named(tmp_path):
         ("model: llama-2-7b\ntraining: {target_loss: 2}\nparallel: {dp: 3}\n", "cluster.nodes: 8"),
         ("model: llama-2-7b\n", "training: Field required"),
         ("model: llama-2-7b\ntraining: {target_loss: 2}\nclustr: {}\n", "clustr: unknown key"),
+        (
+            "model: llama-2-7b\ntraining: {target_loss: 2}\npolicies: [static, ramp]\n",
+            "policies: 'ramp' needs the ramp section",
+        ),
     ):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -135,26 +143,22 @@ def test_paper_settings_load_and_bad_ones_are_named(tmp_path):
 def test_copus_simulate_prints_one_json_object(capsys):
     from copus.cli import main
 
-    assert (
-        main(
-            [
-                "simulate",
-                str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"),
-                "--json",
-                "--set",
-                "training.target_loss=3.0",
-            ]
-        )
-        == 0
-    )
+    # The protocol (tuned baselines, five seeds) is tests/core/test_sim_protocol.py's; the space
+    # held to one sharding and recomputation mode keeps this one quick.
+    quick = ["training.target_loss=3.0", "protocol=null", "search.dp_shard=[optimizer]", "search.recompute=[none]"]
+    argv = ["simulate", str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"), "--json"]
+    assert main([*argv, *(x for item in quick for x in ("--set", item))]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"copus", "static", "cbs-pessimistic", "cbs-optimistic"}
-    assert all({"time_to_target_s", "reconfigurations"} <= set(p) for p in out["policies"].values())
+    keys = {"time_to_target_s", "reconfigurations", "layout_changes", "replica_changes"}
+    assert all(keys <= set(p) for p in out["policies"].values())
+    assert out["protocol"] is None
     assert (
         out["copus_speedup_vs_fastest_baseline"] is not None
         and out["paper"]["copus_speedup_vs_fastest_baseline"] == 0.05
     )
-    assert out["mapping_error"] == 1.0 and out["estimate"]["noise"] == 0.0
+    assert out["mapping_error"] == 1.0 and out["estimate"]["noise"] == 0.35
+    assert out["estimate"]["half_life_share"] == 0.05 and out["estimate"]["min_half_life"] == 8
     assert out["truth"]["critical_batch"].startswith("published fit") and out["truth"]["calibration"] is None
     layouts = {(r["config"]["dp"], r["config"]["tp"], r["config"]["pp"]) for r in out["best_layout_by_gbs"]}
     assert len(layouts) > 1  # on MI210 the best layout changes with the GBS
@@ -168,16 +172,17 @@ def test_the_truth_ignores_what_the_planner_believes():
     believer = replace(s, form="lr-aware", critical_factor=5.0)
     assert simulate(believer, "static", space).time_to_target_s == simulate(s, "static", space).time_to_target_s
     # The planner is told m x B_crit / c: its own c x b_noise is m times the true critical batch.
-    wrong = replace(believer, estimate=NoiseEstimate(mapping_error=4.0))
+    wrong = replace(believer, estimate=replace(ORACLE, mapping_error=4.0))
     seen = simulate(wrong, "copus", space).timeline[1:]
     assert seen and all(5.0 * p["b_noise"] == pytest.approx(4.0 * p["b_crit"]) for p in seen)
 
 
 def test_a_noisy_estimate_is_deterministic_for_its_seed():
-    s = replace(setting(), estimate=NoiseEstimate(noise=0.5, seed=3))
+    # No lag, so the ratio to the present truth is the noise alone.
+    s = replace(setting(), estimate=replace(ORACLE, noise=0.5, seed=3))
     space = search_space(s)
     runs = [simulate(s, "cbs", space) for _ in range(2)] + [
-        simulate(replace(s, estimate=NoiseEstimate(noise=0.5, seed=4)), "cbs", space)
+        simulate(replace(s, estimate=replace(ORACLE, noise=0.5, seed=4)), "cbs", space)
     ]
     ratios = [[p["b_noise"] * 2.0 / p["b_crit"] for p in r.timeline[1:]] for r in runs]
     assert ratios[0] == ratios[1] and ratios[0] != ratios[2]
@@ -189,16 +194,16 @@ def test_a_noisy_estimate_is_deterministic_for_its_seed():
 
 def test_a_wrong_mapping_costs_time_to_target():
     # The MI210 paper setting, cheaper (an earlier target), with room below GBS 64 where the early
-    # critical batch lies, and the lr-aware form: its SE is the truth's when c x b_noise = B_crit,
-    # so mapping error 1 is the planner that knows the truth (hysteresis aside).
-    # The space held to one sharding and no recomputation (Megatron's distributed optimiser): the
-    # effect under test is the mapping's, not the space's.
-    overrides = ["training.target_loss=3.0", "search.gbs_min=16", "policy.efficiency=lr-aware"]
+    # critical batch lies. Every SE form applies c, so with mapping error 1 the planner's SE is
+    # the truth's (hysteresis aside); read exactly, without lag or noise, and without the LR
+    # transient: the effect under test is the mapping's. The space held to one sharding and no
+    # recomputation (Megatron's distributed optimiser), not the space's either.
+    overrides = ["training.target_loss=3.0", "search.gbs_min=16", "training.transient_steps=0"]
     overrides += ["search.dp_shard=[optimizer]", "search.recompute=[none]"]
     s = setting_from(load_sim_config(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml", overrides))
     space = search_space(s)
     ttt = {
-        m: simulate(replace(s, estimate=NoiseEstimate(mapping_error=m)), "copus", space).time_to_target_s
+        m: simulate(replace(s, estimate=replace(ORACLE, mapping_error=m)), "copus", space).time_to_target_s
         for m in (0.25, 1.0, 10.0)
     }
     assert all(v is not None for v in ttt.values()), ttt
@@ -256,6 +261,12 @@ def test_bad_estimate_and_calibration_fields_are_named(tmp_path, monkeypatch):
         ("estimate.distribution=cauchy", "estimate.distribution: Input should be 'lognormal' or 'gaussian'"),
         ("estimate.seed=x", "estimate.seed: Input should be a valid integer"),
         ("estimate.noize=1", "estimate.noize: unknown key"),
+        ("estimate.half_life_share=2", "estimate.half_life_share: Input should be less than or equal to 1"),
+        ("estimate.min_half_life=-1", "estimate.min_half_life: Input should be greater than or equal to 0"),
+        ("training.transient_steps=-1", "training.transient_steps: Input should be greater than or equal to 0"),
+        ("training.transient_efficiency=0", "training.transient_efficiency: Input should be greater than 0"),
+        ("training.loss_curve.initial=0", "training.loss_curve.initial: Input should be greater than 0"),
+        ("protocol.seeds=0", "protocol.seeds: Input should be greater than or equal to 1"),
         ("training.calibration=missing.json", "training.calibration: file not found: .*missing.json$"),
         (
             "training.calibration=neg.json",

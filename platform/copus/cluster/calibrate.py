@@ -27,21 +27,33 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import ray
 from ray import tune
 
+from copus.cluster.calibration_reuse import imported_points, load_reusable, provenance
 from copus.cluster.launch import ensure_ray, prepare_plan
 from copus.cluster.profile_table import key_id
 from copus.config import ConfigError, ExperimentConfig
-from copus.core.calibration import CalibrationResult, calibration_problem, finite_json, fit_branch, with_noise_scales
+from copus.core.calibration import (
+    CalibrationResult,
+    Sweep,
+    calibration_problem,
+    finite_json,
+    fit_branches,
+    lr_probe_table,
+    with_noise_scales,
+)
+from copus.core.schedule import batch_scale
 from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
+from copus.train.data import num_windows
 from copus.train.plan import WorkerPlan
 
 SCHEMA_VERSION = 1
 # How a continuation's samples to the decrement are read off its validation curve; part of the
 # work folder's id, so points measured another way are never mixed in.
-CROSSING_METHOD = "isotonic-trend, overshoot decrement/3"
+CROSSING_METHOD = "isotonic-trend, overshoot decrement/3, first-evaluation crossings refined"
 
 
 def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
@@ -63,7 +75,20 @@ def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
             "grad_clip": o.grad_clip,
         },
         "schedule": s.model_dump(mode="json"),
-        "gns": {"smoothing": g.smoothing, "precondition": g.precondition},
+        "gns": estimator_key(g),
+    }
+
+
+def estimator_key(g) -> dict:
+    """The noise estimator a calibration's c belongs to (c = B_crit / the run's estimate): the
+    fixed horizon keeps the key files written before the progress horizon existed."""
+    if g.horizon == "fixed":
+        return {"smoothing": g.smoothing, "precondition": g.precondition}
+    return {
+        "horizon": g.horizon,
+        "half_life_share": g.half_life_share,
+        "min_half_life": g.min_half_life,
+        "precondition": g.precondition,
     }
 
 
@@ -122,11 +147,14 @@ def _reference_task(
 
     _use_cores(cpus)
     with staged_directory(out_dir) as local:
+        t = time.perf_counter()
         points = reference_run(plan, branches, local, val_samples)
+        reference_s = time.perf_counter() - t
         for p in points:
             p.update(branch_noise_scales(plan, Path(p["checkpoint"]), gns_steps))
             p["checkpoint"] = str(out_dir / Path(p["checkpoint"]).name)
-    return points
+        noise_s = time.perf_counter() - t - reference_s
+    return [{**p, "reference_run_s": reference_s, "noise_measurement_s": noise_s} for p in points]
 
 
 def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
@@ -146,6 +174,7 @@ def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
             settings["max_samples"],
             settings["eval_every_samples"],
             settings["val_samples"],
+            point.get("lr_factor", 1.0),
         )
     tune.report({**result, "branch": point["branch"]})
 
@@ -173,6 +202,9 @@ class _Progress(tune.Callback):
                         "wall_clock_s",
                         "curve_samples",
                         "curve_val_loss",
+                        "eval_every_samples",
+                        "refined",
+                        "unmeasurable",
                     )
                 },
             }
@@ -180,7 +212,28 @@ class _Progress(tune.Callback):
 
 
 def _point_name(p: dict) -> str:
-    return f"b{p['branch']}-gbs{p['gbs']}-s{p['seed']}"
+    factor = p.get("lr_factor", 1.0)
+    return f"b{p['branch']}-gbs{p['gbs']}-s{p['seed']}" + ("" if factor == 1.0 else f"-lr{factor:g}")
+
+
+def _runs_label(cal: Calibration) -> str:
+    extra = len(cal.runs()) - len(cal.settings["gbs"])
+    return f"{len(cal.settings['gbs'])} GBS" + (f" (+ {extra} of the LR probe)" if extra else "")
+
+
+def _lr_label(point: dict) -> str:
+    factor = point.get("lr_factor", 1.0)
+    return "" if factor == 1.0 else f" (LR x{factor:g})"
+
+
+def lr_probe_settings(cfg: ExperimentConfig) -> dict:
+    """`calibration.lr_probe` as the calibration runs it: the (GBS, LR factor) pairs besides the
+    grid, the jump's factor (the rule's LR at jump_to over its LR at B0) included."""
+    probe, b0 = cfg.calibration.lr_probe, cfg.optimizer.reference_gbs
+    jump_to = probe.jump_to or 4 * b0
+    jump = batch_scale(cfg.optimizer.lr_scaling, jump_to, b0)
+    pairs = {(g, f) for g in probe.gbs for f in probe.factors} | {(b0, jump)}
+    return {"jump_to": jump_to, "jump_factor": jump, "pairs": sorted([g, f] for g, f in pairs if f != 1.0)}
 
 
 class Calibration:
@@ -199,7 +252,10 @@ class Calibration:
             "decrement": c.decrement,
             "seeds": c.seeds,
             "eval_every_samples": c.eval_every_samples,
-            "val_samples": c.val_samples or cfg.eval.val_samples,
+            "val_samples": c.validation_samples(
+                cfg.eval.val_samples,
+                num_windows(os.path.getsize(tokens.val) // np.dtype(tokens.dtype).itemsize, cfg.workload.seq_len),
+            ),
             "max_samples": c.max_samples,
             "gns_steps": c.gns_steps,
             "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
@@ -211,6 +267,8 @@ class Calibration:
             / key_id({**self.settings, "cpus": None, "key": self.key, "crossing": CROSSING_METHOD})
         )
         (self.work / "points").mkdir()
+        if c.lr_probe is not None:  # not in the work folder's key: its points add to the grid's
+            self.settings["lr_probe"] = lr_probe_settings(cfg)
         self.tracker = Tracker(cfg.resolved_tracking_uri(), cfg.tracking.experiment, warn=echo)
         self.parent: str | None = None
 
@@ -244,15 +302,15 @@ class Calibration:
 
     def record_point(self, point: dict) -> None:
         write_json_atomic(self.work / "points" / f"{_point_name(point)}.json", point)
-        total = len(self.settings["gbs"]) * len(self.settings["branch_samples"]) * self.settings["seeds"]
+        total = len(self.runs()) * len(self.settings["branch_samples"]) * self.settings["seeds"]
         reached = (
             f"{point['samples']:.0f} samples ({point['steps']:.1f} steps)"
-            if point["reached"]
-            else f"not reached in {self.settings['max_samples']} samples"
+            if math.isfinite(point["samples"])
+            else point.get("unmeasurable") or f"not reached in {self.settings['max_samples']} samples"
         )
         self.echo(
             f"[{len(self.done())}/{total}] branch {point['branch']} (val {point['start']['val_loss']:.3f}) "
-            f"gbs {point['gbs']} seed {point['seed']}: -{self.settings['decrement']} in {reached}, "
+            f"gbs {point['gbs']}{_lr_label(point)} seed {point['seed']}: -{self.settings['decrement']} in {reached}, "
             f"{point['wall_clock_s']:.1f} s"
         )
         self._log_child(point)
@@ -281,12 +339,19 @@ class Calibration:
                 "seed": k,
                 "checkpoint": b["checkpoint"],
                 "start": {"samples": b["samples"], "val_loss": b["val_loss"]},
+                **({} if factor == 1.0 else {"lr_factor": factor}),
             }
             for i, b in enumerate(branches)
-            for g in self.settings["gbs"]
+            for g, factor in self.runs()
             for k in range(self.settings["seeds"])
         ]
         return [p for p in points if _point_name(p) not in done]
+
+    def runs(self) -> list[tuple[int, float]]:
+        """(GBS, LR factor) of every continuation from a branch point: the grid at the rule's LR,
+        then the LR probe's pairs."""
+        probe = self.settings.get("lr_probe") or {"pairs": []}
+        return [(g, 1.0) for g in self.settings["gbs"]] + [(g, f) for g, f in probe["pairs"]]
 
     def run_trials(self, pending: list[dict]) -> float:
         """The pending continuations as one Ray Tune grid; returns Tune's wall-clock."""
@@ -317,22 +382,19 @@ class Calibration:
         return time.time() - t
 
     def fit(self, branches: list[dict], wall_clock_s: float) -> dict:
-        points = sorted(self.done().values(), key=lambda p: (p["branch"], p["gbs"], p["seed"]))
-        fits = []
+        every = sorted(self.done().values(), key=lambda p: (p["branch"], p["gbs"], p.get("lr_factor", 1.0), p["seed"]))
+        points = [p for p in every if p.get("lr_factor", 1.0) == 1.0]  # the grid, at the rule's LR
+        sweeps = []
         for i, b in enumerate(branches):
             by_gbs: dict[int, list[float]] = {}
             for p in points:
                 if p["branch"] == i:
                     by_gbs.setdefault(p["gbs"], []).append(p["samples"] if p["reached"] else float("nan"))
-            fit = fit_branch(
-                b["val_loss"],
-                self.settings["decrement"],
-                b["samples"],
-                by_gbs,
-                self.cfg.optimizer.reference_gbs,
-                seed=i,
-            )
-            fits.append(with_noise_scales(fit, b["b_noise"], b["b_noise_adam"], b["b_noise_run"]))
+            sweeps.append(Sweep(_start_loss(points, i, b), self.settings["decrement"], b["samples"], by_gbs))
+        fits = [
+            with_noise_scales(fit, b["b_noise"], b["b_noise_adam"], b["b_noise_run"])
+            for fit, b in zip(fit_branches(sweeps, self.cfg.optimizer.reference_gbs), branches)
+        ]
         result = CalibrationResult(
             self.key,
             self.cfg.optimizer.reference_gbs,
@@ -340,20 +402,51 @@ class Calibration:
             fits,
             [
                 {k: p[k] for k in ("branch", "gbs", "seed", "samples", "steps", "reached")}
-                | {"val_loss": p["start"]["val_loss"]}
-                for p in points
+                | {
+                    "val_loss": p["start"]["val_loss"],
+                    "refined": p.get("refined"),
+                    "unmeasurable": p.get("unmeasurable"),
+                    "lr_factor": p.get("lr_factor", 1.0),
+                }
+                for p in every
             ],
             wall_clock_s,
         )
         data = result.as_dict(self.path.name.removesuffix(".json").removeprefix("calibration-"))
         data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
+        if "lr_probe" in self.settings:
+            data["lr_probe"] = lr_probe_table(every, self.cfg.optimizer.reference_gbs, self.settings["lr_probe"])
         return finite_json(data)
 
 
-def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) -> dict:
-    """Measure (or finish measuring) the workload's critical batch; write and return the calibration."""
+def _start_loss(points: list[dict], branch: int, b: dict) -> float:
+    """The loss a branch's continuations started from: the reference run's there, or, for points
+    taken over from another calibration, the loss they were measured from."""
+    starts = sorted(p["start"]["val_loss"] for p in points if p["branch"] == branch)
+    return starts[len(starts) // 2] if starts else b["val_loss"]
+
+
+def _take_over_points(cal: Calibration, path: str, echo: Callable[[str], None]) -> dict:
+    """`--reuse-points FILE`: FILE's continuations become this calibration's (calibration_reuse)."""
+    data = load_reusable(cal.cfg, cal.key, cal.settings, path)
+    if data["key"]["workload"].get("data") != cal.key["workload"]["data"]:
+        echo(f"{path}: measured on other data of this workload (fingerprint {data['key']['workload'].get('data')})")
+    done = cal.done()
+    for p in imported_points(data, cal.settings["branch_samples"], path):
+        if _point_name(p) not in done:
+            write_json_atomic(cal.work / "points" / f"{_point_name(p)}.json", p)
+    echo(f"{len(data['points'])} continuations taken over from {path}; only the reference run is repeated")
+    return provenance(data, path)
+
+
+def run_calibration(
+    cfg: ExperimentConfig, echo: Callable[[str], None] = print, reuse_points: str | None = None
+) -> dict:
+    """Measure (or finish measuring) the workload's critical batch; write and return the
+    calibration. `reuse_points`: a calibration file whose continuations are taken over."""
     t = time.time()
     cal = Calibration(cfg, echo)
+    points_from = _take_over_points(cal, reuse_points, echo) if reuse_points else None
     ensure_ray(cfg)
     cal.parent = cal.tracker.start_run(
         f"calibrate: {cfg.name}",
@@ -364,12 +457,15 @@ def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) 
         branches = cal.branch_points()
         pending = cal.pending_points(branches)
         echo(
-            f"{len(pending)} continuations to run ({len(branches)} branch points x {len(cal.settings['gbs'])} GBS "
+            f"{len(pending)} continuations to run ({len(branches)} branch points x {_runs_label(cal)} "
             f"x {cal.settings['seeds']} seeds; {sum(1 for _ in cal.done())} already done)"
         )
         tune_s = cal.run_trials(pending) if pending else 0.0
         data = cal.fit(branches, time.time() - t)
         data["tune_overhead_s_per_trial"] = _overhead(tune_s, pending, cal.done())
+        if points_from is not None:
+            data["settings"]["points_from"] = points_from
+        data.update(calibration_cost(branches, cal.done()))
     except BaseException:
         cal.tracker.finish(cal.parent, "KILLED")
         raise
@@ -377,6 +473,17 @@ def run_calibration(cfg: ExperimentConfig, echo: Callable[[str], None] = print) 
     _log_parent(cal, data)
     data["path"] = str(cal.path)
     return data
+
+
+def calibration_cost(branches: list[dict], done: dict[str, dict]) -> dict:
+    """What the calibration cost in compute, as seconds and as a multiple of its reference run
+    (a run of the workload at B0 to the last branch point: the closest thing to "one run" it
+    measures itself). Points taken over from another calibration cost nothing here."""
+    reference_s = branches[0].get("reference_run_s") if branches else None
+    if reference_s is None:  # branch points made before this was recorded
+        return {"reference_run_s": None, "cost_s": None, "cost_in_reference_runs": None}
+    cost = reference_s + branches[0].get("noise_measurement_s", 0.0) + sum(p["wall_clock_s"] for p in done.values())
+    return {"reference_run_s": reference_s, "cost_s": cost, "cost_in_reference_runs": cost / reference_s}
 
 
 def _overhead(tune_s: float, pending: list[dict], done: dict[str, dict]) -> float | None:
@@ -396,6 +503,7 @@ def _log_parent(cal: Calibration, data: dict) -> None:
                 "b_crit",
                 "b_crit_low",
                 "b_crit_high",
+                "b_crit_raw",
                 "b_noise",
                 "b_noise_adam",
                 "b_noise_run",
@@ -408,6 +516,26 @@ def _log_parent(cal: Calibration, data: dict) -> None:
     cal.tracker.log_dict(cal.parent, data, "calibration.json")
     cal.tracker.set_tags(cal.parent, {"all_fits_ok": data["all_fits_ok"]})
     cal.tracker.finish(cal.parent)
+
+
+def _lr_probe_lines(probe: dict | None) -> list[str]:
+    if not probe:
+        return []
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["LR probe: samples to the decrement at (GBS, LR x factor), relative to the rule's LR at that GBS"]
+    for r in probe["rows"]:
+        lines.append(
+            f"  branch {r['branch']} gbs {r['gbs']} LR x{r['lr_factor']:g}: {f(r['mean_samples'], '.0f')} "
+            f"({f(r['relative_to_rule'], '.2f')} of the rule's {f(r['rule_samples'], '.0f')})"
+        )
+    for j in probe["jumps"]:
+        lines.append(
+            f"  branch {j['branch']} LR jump to gbs {probe['jump_to']}'s (x{probe['jump_factor']:.2f}) at B0: "
+            f"{f(j['samples_b0_jumped_lr'], '.0f')} samples against {f(j['samples_b0'], '.0f')} at B0 and "
+            f"{f(j['samples_jump_to'], '.0f')} at {probe['jump_to']}: LR share of the switch "
+            f"{f(j['lr_share_of_switch'], '.2f')}"
+        )
+    return lines
 
 
 def calibration_table(data: dict) -> str:
@@ -425,6 +553,12 @@ def calibration_table(data: dict) -> str:
         )
         lines.append(
             f"{'':>6} E(B) samples: " + ", ".join(f"{g}: {e:.0f}" for g, e in zip(b["gbs"], b["mean_samples"]))
+        )
+    lines += _lr_probe_lines(data.get("lr_probe"))
+    if data.get("cost_in_reference_runs") is not None:
+        lines.append(
+            f"cost: {data['cost_s']:.0f} s of compute, {data['cost_in_reference_runs']:.1f}x its reference run "
+            f"({data['reference_run_s']:.0f} s)"
         )
     lines.append(f"calibration: {data.get('path', '')}")
     return "\n".join(lines)

@@ -5,19 +5,30 @@ each policy's time to target and COPUS's speedup over the fastest baseline.
 Every run starts fresh in OUTPUT_DIR/<policy>/r<repeat>; all share one profile table
 (OUTPUT_DIR/profiles unless the experiment names a table_dir), so the search space is
 profiled once. comparison.json is rewritten (atomically) after every run: an interrupted
-suite keeps what finished.
+suite keeps what finished. Once a repeat's copus-family run and its static run have both finished,
+the copus run's first change of GBS is audited against static, its counterfactual
+(`counterfactual_audit` in its entry of `runs`; `copus.core.comparison`).
+
+A suite with `tune` first runs its tuning candidates on the tuning seeds (OUTPUT_DIR/tuning/),
+chooses the tuned baselines (`copus.core.tuning`) and writes that choice to comparison.json
+before the first evaluation run starts; the winners then run beside the policies as the entries
+`tuned-static` / `tuned-ramp` on the evaluation seeds.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 from copus.cluster.driver import run_experiment
-from copus.config import SuiteConfig, config_from_mapping
-from copus.core.comparison import run_order, summarize
+from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
+from copus.core.comparison import add_counterfactual_audits, best_baseline, run_order, summarize
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
-from copus.storage import Location, write_json_atomic
+from copus.core.tuning import CHOICE_RULE, TuningCandidate, candidate_result, choose_tuned
+from copus.storage import Location, read_lines, write_json_atomic
 from copus.tracking import Tracker, flatten
 
 
@@ -28,55 +39,142 @@ def suite_table_dir(suite: SuiteConfig, base) -> str:
     return str(base.resolved_profile_dir()) if base.profile.table_dir else str(out / "profiles")
 
 
+@dataclass(frozen=True)
+class _Suite:
+    """What every run of one `copus compare` shares: the suite, its experiment and overrides, the
+    validated base, where outputs and the profile table go, the MLflow parent run."""
+
+    suite: SuiteConfig
+    experiment: dict
+    overrides: list[str]
+    base: ExperimentConfig
+    out: Location
+    table_dir: str
+    tracker: Tracker
+    parent: str
+    echo: Callable[[str], None]
+
+    def run(self, cfg: ExperimentConfig, tags: dict[str, str]) -> tuple[dict, float]:
+        """One run as a child of the parent (its MLflow tags set once it ends): its summary and
+        when it started (epoch s)."""
+        started = time.time()
+        summary = run_experiment(cfg, fresh=True, echo=self.echo, parent_run_id=self.parent)
+        if tags:
+            self.tracker.set_tags(summary["mlflow_run_id"], tags)
+        return summary, started
+
+    def header(self) -> dict:
+        return {
+            "suite": self.suite.name,
+            "experiment": self.base.name,
+            "target_val_loss": self.base.stop.target_val_loss,
+            "mlflow_parent_run_id": self.parent,
+            "mlflow_experiment_id": self.tracker.experiment_id,
+            "mlflow_view_key": f"compare-{self.parent}",
+            "mlflow_tracking_uri": self.tracker.uri,
+        }
+
+
 def run_comparison(
     suite: SuiteConfig, experiment: dict, overrides: list[str], echo: Callable[[str], None] = print
 ) -> dict:
     out = Location.parse(suite.output_dir)
     out.mkdir()
     base = config_from_mapping(experiment, suite.set + overrides)
-    table_dir = suite_table_dir(suite, base)
     tracker = Tracker(base.resolved_tracking_uri(), base.tracking.experiment)
     parent = tracker.start_run(
         f"compare: {suite.name}",
         flatten({"suite": suite.model_dump(mode="json")}),
         {"kind": "comparison", "copus.output_dir": str(out)},
     )
-    runs: list[dict] = []
-    result: dict = {}
+    ctx = _Suite(suite, experiment, overrides, base, out, suite_table_dir(suite, base), tracker, parent, echo)
     try:
-        orders = [
-            run_order(suite.policies, r, suite.order_seed, suite.order == "shuffled") for r in range(suite.repeats)
-        ]
-        for repeat, order in enumerate(orders):
-            for position, policy in enumerate(order):
-                i = suite.policies.index(policy)
-                seed = base.workload.seed + (repeat if suite.seeds == "same" else repeat * len(suite.policies) + i)
-                cfg = _policy_config(
-                    suite, experiment, overrides, policy, repeat, seed, out / policy / f"r{repeat}", table_dir
-                )
-                echo(f"== {suite.name}: {policy}, repeat {repeat + 1}/{suite.repeats}, seed {seed}")
-                summary = run_experiment(cfg, fresh=True, echo=echo, parent_run_id=parent)
-                runs.append({**_run_row(policy, repeat, seed, summary), "position": position})
-                result = {
-                    "suite": suite.name,
-                    "experiment": base.name,
-                    "target_val_loss": base.stop.target_val_loss,
-                    "mlflow_parent_run_id": parent,
-                    "mlflow_experiment_id": tracker.experiment_id,
-                    "mlflow_view_key": f"compare-{parent}",
-                    "mlflow_tracking_uri": tracker.uri,
-                    "policies": summarize(runs, suite.policies),
-                    "run_order": {"order": suite.order, "order_seed": suite.order_seed, "repeats": orders},
-                    "runs": runs,
-                }
-                write_json_atomic(out / "comparison.json", result)
+        tuning, tuned = _tune(ctx)
+        result = _evaluate(ctx, tuning, tuned)
     except BaseException:
         tracker.finish(parent, "FAILED")
         raise
-    _log_to_parent(tracker, parent, suite, result)
+    _log_to_parent(tracker, parent, list(result["policies"]), suite, result)
     result["output_dir"] = str(out)
     echo(comparison_table(result))
     return result
+
+
+def _tune(ctx: _Suite) -> tuple[dict | None, dict[str, TuningCandidate]]:
+    """The tuning phase: every candidate on every tuning seed (shuffled per seed like a repeat),
+    then per kind the choice (`choose_tuned`), written to comparison.json with `chosen_at` before
+    any evaluation run starts. Returns the `tuning` block and the chosen candidate per entry."""
+    candidates = {c.name: c for c in tuning_candidates(ctx.suite, ctx.base)}
+    if not candidates:
+        return None, {}
+    rows: list[dict] = []
+    orders = [_order(ctx.suite, list(candidates), k) for k in range(len(ctx.suite.tuning_seeds))]
+    tuning = {"seeds": ctx.suite.tuning_seeds, "rule": CHOICE_RULE, "run_order": orders, "runs": rows}
+    for k, (seed, order) in enumerate(zip(ctx.suite.tuning_seeds, orders)):
+        for position, name in enumerate(order):
+            label = f"tuning/{name}/s{seed}"
+            ctx.echo(f"== {ctx.suite.name}: tuning {name}, seed {seed} ({k + 1}/{len(orders)})")
+            cfg = _run_config(ctx, list(candidates[name].overrides), label, seed, ctx.out / label)
+            summary, started = ctx.run(cfg, {"copus.phase": "tuning", "copus.candidate": name})
+            row = _run_row(candidates[name].kind, k, seed, summary)
+            rows.append({"candidate": name, **row, "position": position, "started_at": started})
+            _write(ctx, {**ctx.header(), "policies": {}, "runs": [], "tuning": tuning})
+    tuning["candidates"] = [candidate_result(c, rows) for c in candidates.values()]
+    tuning["chosen"] = choose_tuned(tuning["candidates"])
+    tuning["chosen_at"] = time.time()
+    for entry, name in tuning["chosen"].items():
+        missed = f"warning: no {entry}: no candidate reached the target on every tuning seed"
+        ctx.echo(f"== {ctx.suite.name}: {entry} is {name} (chosen on the tuning seeds)" if name else missed)
+    _write(ctx, {**ctx.header(), "policies": {}, "runs": [], "tuning": tuning})  # pre-registered
+    return tuning, {entry: candidates[name] for entry, name in tuning["chosen"].items() if name}
+
+
+def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate]) -> dict:
+    """The evaluation phase: every policy and tuned entry on every repeat's seed, in a shuffled
+    order per repeat; comparison.json rewritten after every run."""
+    suite = ctx.suite
+    entries = suite.policies + list(tuned)
+    orders = [_order(suite, entries, r) for r in range(suite.evaluation_repeats)]
+    runs: list[dict] = []
+    summaries: dict[tuple[str, int], dict] = {}
+    result: dict = {}
+    for repeat, order in enumerate(orders):
+        for position, entry in enumerate(order):
+            seed = suite.run_seed(ctx.base.workload.seed, repeat, entries.index(entry))
+            run_dir = ctx.out / entry / f"r{repeat}"
+            if entry in tuned:
+                cfg = _run_config(ctx, list(tuned[entry].overrides), f"{entry}/r{repeat}", seed, run_dir)
+            else:
+                cfg = _policy_config(suite, ctx.experiment, ctx.overrides, entry, repeat, seed, run_dir, ctx.table_dir)
+            ctx.echo(f"== {suite.name}: {entry}, repeat {repeat + 1}/{len(orders)}, seed {seed}")
+            summary, started = ctx.run(cfg, {"policy": entry} if entry in tuned else {})
+            runs.append({**_run_row(entry, repeat, seed, summary), "position": position, "started_at": started})
+            summaries[(entry, repeat)] = summary
+            add_counterfactual_audits(runs, summaries, entries, _records, ctx.echo)
+            result = _result(ctx, entries, orders, runs, tuning)
+            _write(ctx, result)
+    return result
+
+
+def _order(suite: SuiteConfig, names: list[str], repeat: int) -> list[str]:
+    return run_order(names, repeat, suite.order_seed, suite.order == "shuffled")
+
+
+def _result(ctx: _Suite, entries: list[str], orders: list[list[str]], runs: list[dict], tuning: dict | None) -> dict:
+    """comparison.json as it stands: per-entry statistics, the best baseline, orders, runs, tuning."""
+    policies = summarize(runs, entries)
+    result = {
+        **ctx.header(),
+        "policies": policies,
+        "run_order": {"order": ctx.suite.order, "order_seed": ctx.suite.order_seed, "repeats": orders},
+        "runs": runs,
+        "best_baseline": best_baseline(policies, [p for p in entries if p not in ADAPTIVE]),
+    }
+    return result if tuning is None else {**result, "tuning": tuning}
+
+
+def _write(ctx: _Suite, result: dict) -> None:
+    write_json_atomic(ctx.out / "comparison.json", result)
 
 
 def _policy_config(
@@ -90,20 +188,39 @@ def _policy_config(
     table_dir: str,
 ):
     """One run of the suite: the experiment with the suite's settings, the policy, its seed, its own
-    output directory and MLflow name, and the suite's shared profile table."""
+    output directory and MLflow name, and the suite's shared profile table. A ramp the experiment
+    carries is dropped for every policy but ramp (batch.ramp is refused with any other)."""
+    has_ramp = (apply_overrides(experiment, suite.set + overrides).get("batch") or {}).get("ramp") is not None
+    policy_overrides = [
+        f"policy.name={policy}",
+        *(["policy.layout=best"] if policy == "static" and suite.static_layout == "best" else []),
+        *(["batch.ramp=null"] if policy != "ramp" and has_ramp else []),
+    ]
     return config_from_mapping(
         experiment,
         suite.set
         + overrides
-        + [
-            f"policy.name={policy}",
-            f"workload.seed={seed}",
-            f"output_dir={run_dir}",
-            f"tracking.run_name={suite.name}/{policy}/r{repeat}",
-            f"profile.table_dir={table_dir}",
-            *(["policy.layout=best"] if policy == "static" and suite.static_layout == "best" else []),
-        ],
+        + policy_overrides
+        + _run_overrides(suite, f"{policy}/r{repeat}", seed, run_dir, table_dir),
     )
+
+
+def _run_config(ctx: _Suite, run_overrides: list[str], label: str, seed: int, run_dir: Location) -> ExperimentConfig:
+    """A run of a tuning candidate or a tuned entry: its own overrides on the suite's experiment."""
+    return config_from_mapping(
+        ctx.experiment,
+        ctx.suite.set + ctx.overrides + run_overrides + _run_overrides(ctx.suite, label, seed, run_dir, ctx.table_dir),
+    )
+
+
+def _run_overrides(suite: SuiteConfig, label: str, seed: int, run_dir: Location, table_dir: str) -> list[str]:
+    """What every run of a suite sets: its seed, output directory, MLflow name, shared profile table."""
+    return [
+        f"workload.seed={seed}",
+        f"output_dir={run_dir}",
+        f"tracking.run_name={suite.name}/{label}",
+        f"profile.table_dir={table_dir}",
+    ]
 
 
 def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
@@ -126,8 +243,19 @@ def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
     }
 
 
-def _log_to_parent(tracker: Tracker, parent: str, suite: SuiteConfig, result: dict) -> None:
-    """The finished suite on its MLflow parent run: per-policy figures, speedups, final configurations,
+def _records(output_dir: str) -> list[dict]:
+    """A run's records.jsonl, less lines cut short (a driver that died mid-write)."""
+    records = []
+    for line in read_lines(Location.parse(output_dir) / "records.jsonl"):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _log_to_parent(tracker: Tracker, parent: str, entries: list[str], suite: SuiteConfig, result: dict) -> None:
+    """The finished suite on its MLflow parent run: per-entry figures, speedups, final configurations,
     the comparison file, a name that says the outcome, and the shared results view."""
     for policy, stats in result["policies"].items():
         values = {
@@ -140,7 +268,7 @@ def _log_to_parent(tracker: Tracker, parent: str, suite: SuiteConfig, result: di
     tracker.log_dict(parent, result, "comparison.json")
     tracker.rename(parent, f"compare: {suite.name} | {speedup_phrase(result['policies'])}")
     tracker.finish(parent)
-    tracker.share_view(result["mlflow_view_key"], comparison_columns(suite.policies))
+    tracker.share_view(result["mlflow_view_key"], comparison_columns(entries))
 
 
 def speedup_metrics(policies: dict) -> dict[str, float]:
@@ -152,6 +280,8 @@ def speedup_metrics(policies: dict) -> dict[str, float]:
         for key in ("speedup_vs_fastest_baseline", "paired_speedup_mean"):
             if s.get(key) is not None:
                 out[key + suffix] = s[key]
+        if (s.get("vs_best_baseline") or {}).get("speedup") is not None:
+            out["speedup_vs_best_baseline" + suffix] = s["vs_best_baseline"]["speedup"]
     ablation = policies.get("copus", {}).get("vs_copus_gbs") or {}
     if ablation.get("paired_speedup_mean") is not None:
         out["paired_speedup_vs_copus_gbs"] = ablation["paired_speedup_mean"]
@@ -216,6 +346,9 @@ def comparison_table(result: dict) -> str:
     if ablation and ablation.get("paired_speedup_mean") is not None:
         lines.append("copus vs copus-gbs (the layout and MBS co-adapted):")
         lines += paired_lines(ablation)
+    lines += log_ratio_lines(result["policies"])
+    lines += tuning_lines(result.get("tuning"))
+    lines += counterfactual_lines(result["runs"])
     # A run's output_dir is SUITE_DIR/<policy>/r<repeat> (a path or URI; its query is left out here).
     suite_dir = result["runs"][0]["output_dir"].partition("?")[0].rsplit("/", 2)[0]
     lines.append(f"comparison: {suite_dir}/comparison.json")
@@ -229,3 +362,71 @@ def paired_lines(s: dict) -> list[str]:
         return []
     per = ", ".join(f"{x:+.1%}" for x in s["paired_speedup_per_repeat"])
     return [f"  paired by repeat: mean {s['paired_speedup_mean']:+.1%}, 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%} ({per})"]
+
+
+def log_ratio_lines(policies: dict) -> list[str]:
+    """COPUS (and its ablation) against the best baseline, then copus against each baseline:
+    the paired log-ratio's speedup and 95% interval over the evaluation seeds."""
+    lines = []
+    for policy in ADAPTIVE:
+        best = (policies.get(policy) or {}).get("vs_best_baseline")
+        if best and best["log_ratio_mean"] is not None:
+            lines.append(f"{policy} vs best baseline ({best['baseline']}), paired log-ratio: {_log_ratio(best)}")
+    for baseline, block in (policies.get("copus") or {}).get("paired_log_ratio", {}).items():
+        if block["log_ratio_mean"] is not None:
+            lines.append(f"  copus vs {baseline}: {_log_ratio(block)}")
+    return lines
+
+
+def _log_ratio(block: dict) -> str:
+    ci = block["speedup_ci95"]
+    interval = f", 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%}" if ci else ""
+    notes = [f"{block['n_pairs']} pairs"]
+    if block["censored_seeds"]:
+        notes.append(f"{len(block['censored_seeds'])} baseline miss(es) at its stopping time, a lower bound")
+    if block["pairs_excluded"]:
+        notes.append(f"{block['pairs_excluded']} left out: copus missed the target")
+    return f"{block['speedup']:+.1%}{interval} (mean log-ratio {block['log_ratio_mean']:+.3f}; {', '.join(notes)})"
+
+
+def tuning_lines(tuning: dict | None) -> list[str]:
+    """The tuning phase: each candidate's geometric-mean time to target on the tuning seeds and
+    which one each tuned entry runs."""
+    if not tuning or "chosen" not in tuning:
+        return []
+    seeds = ", ".join(str(s) for s in tuning["seeds"])
+    lines = [f"tuning on seeds {seeds}, chosen before the evaluation by the lowest mean log time to target:"]
+    for c in tuning["candidates"]:
+        time_s = "missed" if c["geomean_time_to_target_s"] is None else f"{c['geomean_time_to_target_s']:.1f} s"
+        chosen = f"  -> {c['entry']}" if tuning["chosen"].get(c["entry"]) == c["name"] else ""
+        lines.append(f"  {c['name']:<16} {time_s:>10}{chosen}")
+    lines += [
+        f"  {entry}: not run (no candidate reached the target on every seed)"
+        for entry, name in tuning["chosen"].items()
+        if name is None
+    ]
+    return lines
+
+
+def counterfactual_lines(runs: list[dict]) -> list[str]:
+    """One line per audited first change of GBS: predicted against realized (against static) gain."""
+    lines = []
+    for row in runs:
+        audit = row.get("counterfactual_audit") or {}
+        if audit.get("from_gbs") is None:
+            continue
+        head = f"{row['policy']} r{row['repeat']}: GBS {audit['from_gbs']} -> {audit['to_gbs']} at step {audit['step']}"
+        if audit.get("realized_efficiency_gain") is None:
+            lines.append(f"{head}: not audited against static ({audit.get('audit_note')})")
+            continue
+        low, high = audit["realized_efficiency_interval"]
+        lines.append(
+            f"{head}: statistical efficiency x{_gain(audit['predicted_efficiency_gain'])} predicted, "
+            f"x{audit['realized_efficiency_gain']:.2f} realized against static [95% {low:.2f}..{high:.2f}], "
+            f"x{_gain(audit.get('one_run_efficiency_gain'))} read off the run alone"
+        )
+    return lines
+
+
+def _gain(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"

@@ -100,7 +100,9 @@ def prepare_data(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[To
     echo(f"data: preparing {cfg.workload.dataset.kind} for {cfg.workload.model} (cached after the first time)")
     tokens, plan = prepare_plan(cfg)
     echo(f"data: {tokens.description}; token files in {tokens.train.parent}")
-    return tokens, plan
+    # A ramp is the run's policy: only these workers follow it (`copus calibrate` and `copus
+    # profile` train the same experiment at the batch sizes they choose).
+    return tokens, plan.replaced(ramp=cfg.batch_ramp())
 
 
 def open_output_dir(

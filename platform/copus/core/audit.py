@@ -130,6 +130,14 @@ def _interval(fit: _Fit, theta: np.ndarray) -> tuple[float, float]:
     return math.exp(ends[0]), math.exp(ends[1])
 
 
+def finite_curve(samples, loss) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, loss) as float arrays in order of samples, non-finite points dropped."""
+    s, l = np.asarray(samples, dtype=float), np.asarray(loss, dtype=float)
+    keep = np.isfinite(s) & np.isfinite(l)
+    order = np.argsort(s[keep], kind="stable")
+    return s[keep][order], l[keep][order]
+
+
 def realized_gain(
     samples,
     loss,
@@ -153,10 +161,7 @@ def realized_gain(
     `settle_steps` points. ρ is None, with the reason, when either window has too few points or
     the fit runs to the search bound [1/20, 20].
     """
-    s, l = np.asarray(samples, dtype=float), np.asarray(loss, dtype=float)
-    keep = np.isfinite(s) & np.isfinite(l)
-    order = np.argsort(s[keep], kind="stable")
-    s, l = s[keep][order], l[keep][order]
+    s, l = finite_curve(samples, loss)
     lo = -math.inf if start is None else float(start)
     if max_before_samples is not None:
         lo = max(lo, switch_at - float(max_before_samples))
@@ -189,7 +194,7 @@ def realized_gain(
     return GainEstimate(math.exp(theta[0]), (lo_rho, hi_rho), n_b, n_a, note)
 
 
-def _step_curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+def step_curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(samples, train loss) of the step records, one per step: a step redone after a worker
     failure or a resume keeps its last record (the attempt the run went on from)."""
     by_step = {}
@@ -236,7 +241,7 @@ def audit_reconfigurations(
     "step" with samples and train_loss; "reconfigure" ones may carry predicted_efficiency_gain).
     The input changes are left unchanged.
     """
-    samples, loss = _step_curve(records)
+    samples, loss = step_curve(records)
     switches = sorted(float(c.samples) for c in changes if c.changes_gbs and c.samples is not None)
     out = []
     for change in changes:

@@ -13,11 +13,18 @@ efficiency of B relative to the reference batch B0 is the ratio of samples neede
 
     SE(B) = E(B0) / E(B) = (B_crit + B0) / (B_crit + B),
 
-the lr-aware form with the critical batch in place of c × B_noise. Where the measurements do
-not follow the linear form (a learning-rate rule that over- or under-steps at some batch
-sizes makes E grow faster than linearly), the fit says so (a chi-square test against the
-seed-to-seed spread) and the measured curve E(B0)/E(B) itself is what the planner uses,
-interpolated in log B.
+the lr-aware form with the critical batch in place of c × B_noise.
+
+The fit is made in logs: log E(B) = log E_min + log(1 + B / B_crit), plus an offset per seed
+(seed k reads the same data at every GBS, so its luck is shared along its row), plus noise
+pooled over all points of the branch. B_crit's 95% interval comes from simulated
+re-measurements with that pooled noise, its variance drawn like the estimate's own (a few
+seeds give the wide, t-like intervals they should). Where the measurements do not follow the
+linear form (a learning-rate rule that over- or under-steps at some batch sizes makes E grow
+faster than linearly), a lack-of-fit F test against the seed-to-seed spread says so and the
+measured curve E(B0)/E(B) itself is what the planner uses, interpolated in log B. Across
+branch points, log B_crit is fitted jointly, non-decreasing with progress (an isotonic fit
+weighted by each branch point's precision); each branch point's own value is kept beside it.
 
 Two mappings from the live noise scale to efficiency, one interface (`critical_batch`,
 `efficiency`), used by the planner and by the policies that follow the critical batch:
@@ -25,7 +32,7 @@ Two mappings from the live noise scale to efficiency, one interface (`critical_b
 - `NoiseScaleMapping`: critical batch = c × B_noise with the configured factor c.
 - `CalibratedMapping`: c measured at each branch point (B_crit / the run's B_noise there),
   interpolated in the loss, so the drift of c with progress is followed; SE from the fitted
-  form, or from the measured curve where the fit was rejected.
+  form (the monotone joint B_crit), or from the measured curve where the fit was rejected.
 
 Pure: numpy and scipy, no torch, no ray.
 """
@@ -33,20 +40,30 @@ Pure: numpy and scipy, no torch, no ray.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 import numpy as np
 from scipy import stats
-from scipy.optimize import isotonic_regression, nnls
+from scipy.optimize import isotonic_regression, minimize_scalar
 
+from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 from copus.core.efficiency import efficiency as noise_scale_efficiency
 
-# A fit whose chi-square p-value falls below this is rejected: the curve is kept instead.
+# The linear form is rejected when its lack-of-fit test's p-value falls below this: the measured
+# curve is kept instead.
 FIT_P_MIN = 0.01
-# Relative spread assumed for a point when its seeds agree better than this (two seeds
-# under-estimate the spread; the crossing of a noisy loss curve is never exact).
-MIN_REL_SD = 0.05
+# Simulated re-measurements of a branch point behind B_crit's interval and its weight in the joint fit.
 BOOTSTRAP = 400
+INTERVAL = 0.95
+# log B_crit is searched up to a factor 1000 beyond either end of the grid, in this many steps: a
+# value at the edge of that range means the grid cannot tell B_crit from 0 (below) or from
+# infinity (above), and reads as such.
+B_CRIT_SEARCH_FACTOR = 1000.0
+B_CRIT_SEARCH_POINTS = 300
+# A crossing the evaluations did not resolve is measured again with evaluations this many times closer.
+REFINE_FACTOR = 4
+# Below this (in squared log units: a relative spread of 1e-6), a sum of squares is no spread at all.
+NO_SPREAD = 1e-12
 
 
 def samples_to_decrement(samples: list[float], losses: list[float], target: float) -> float:
@@ -84,17 +101,21 @@ def smoothed_crossing(samples: list[float], losses: list[float], target: float, 
     return float(min(max((target - intercept) / slope, s[0]), s[-1]))
 
 
-def fit_linear_e(gbs: np.ndarray, e: np.ndarray) -> tuple[float, float]:
-    """(E_min, S_min) ≥ 0 of E = E_min + S_min·B, least squares in relative error."""
-    a = np.stack([np.ones_like(gbs), gbs], axis=1) / e[:, None]
-    coef, _ = nnls(a, np.ones_like(e))
-    return float(coef[0]), float(coef[1])
+def crossing_unresolved(samples: list[float], crossing: float) -> bool:
+    """Whether a crossing (of `smoothed_crossing`) lies at or before the curve's first evaluation
+    after its start. The evaluations do not resolve it then: it is read off the start and one
+    evaluation, or clamped to the start, and says more about the evaluation interval than about
+    the samples the decrement took. A finer interval may resolve it."""
+    return math.isfinite(crossing) and len(samples) >= 2 and crossing <= samples[1]
 
 
-def critical_batch_of(e_min: float, s_min: float) -> float:
-    if s_min <= 0:
-        return float("inf")  # samples do not grow with B: perfect scaling over the grid
-    return e_min / s_min
+def finer_evaluation(eval_every_samples: int, gbs: int) -> int | None:
+    """The evaluation interval to measure an unresolved crossing again with: REFINE_FACTOR times
+    closer, at least one step of `gbs`; None when the evaluations are already one step apart
+    (an interval is rounded down to whole steps, at least one)."""
+    if eval_every_samples < 2 * gbs:
+        return None
+    return max(gbs, eval_every_samples // REFINE_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -108,17 +129,21 @@ class BranchFit:
     mean_samples: list[float]  # E(B): samples to the decrement, mean over seeds
     sd_samples: list[float]  # their spread over seeds
     efficiency: list[float]  # measured SE(B) = E(B0)/E(B)
-    b_crit: float
-    b_crit_low: float  # 95% bootstrap interval over seeds
+    b_crit: float  # the joint fit over branch points (log B_crit non-decreasing with progress)
+    b_crit_low: float  # its 95% interval
     b_crit_high: float
-    e_min: float
+    e_min: float  # this branch point's own fit
     s_min: float
-    chi2_p: float  # goodness of the linear fit
+    chi2_p: float  # goodness of the linear fit: p-value of the lack-of-fit F test
     fit_ok: bool
     b_noise: float = float("nan")  # measured at the branch weights, raw gradients
     b_noise_adam: float = float("nan")  # ... gradients divided by Adam's sqrt(v_hat) + eps
     b_noise_run: float = float("nan")  # the reference run's smoothed estimate there (what a controller sees)
     c: float = float("nan")  # b_crit / b_noise_run: the factor the planner applies to its live estimate
+    b_crit_raw: float = float("nan")  # this branch point's own B_crit, before the joint fit
+    b_crit_raw_low: float = float("nan")  # its 95% interval
+    b_crit_raw_high: float = float("nan")
+    log_b_crit_sd: float = float("nan")  # spread of log b_crit_raw; the joint fit weighs it by 1/sd^2
 
     @property
     def level(self) -> float:
@@ -154,6 +179,10 @@ _MEASURED = (
     "b_noise_adam",
     "b_noise_run",
     "c",
+    "b_crit_raw",
+    "b_crit_raw_low",
+    "b_crit_raw_high",
+    "log_b_crit_sd",
 )
 _SERIES = ("mean_samples", "sd_samples", "efficiency")  # one value (or null) per GBS of the grid
 
@@ -217,56 +246,236 @@ def _efficiency_curve(gbs: np.ndarray, e: np.ndarray, b0: float) -> np.ndarray:
     return e_b0 / e
 
 
-def _chi2_p(gbs: np.ndarray, mean: np.ndarray, sd: np.ndarray, e_min: float, s_min: float, n_seeds: int) -> float:
-    rel_sd = np.maximum(sd / mean, MIN_REL_SD) / math.sqrt(max(n_seeds, 1))
-    resid = (mean - (e_min + s_min * gbs)) / mean / rel_sd
-    dof = max(len(gbs) - 2, 1)
-    return float(stats.chi2.sf(float(np.sum(resid**2)), dof))
+@dataclass(frozen=True)
+class Sweep:
+    """One branch point's measurements: {gbs: [samples to the decrement, one per seed, in seed
+    order; NaN where a seed never reached it or its crossing was not measurable]}."""
+
+    val_loss: float
+    decrement: float
+    samples_seen: int
+    points: dict[int, list[float]]
 
 
-def _bootstrap_interval(gbs: np.ndarray, by_seed: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
-    """95% interval of B_crit over seed resamples (each GBS's seeds drawn with replacement)."""
-    values = []
-    for _ in range(BOOTSTRAP):
-        e = np.array([rng.choice(s, size=len(s)).mean() for s in by_seed])
-        values.append(critical_batch_of(*fit_linear_e(gbs, e)))
-    low, high = np.percentile(np.array(values), [2.5, 97.5])
-    return float(low), float(high)
+def _seed_matrix(points: dict[int, list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, samples[seed, gbs]) over the batch sizes and seeds that measured anything; NaN
+    where a seed did not. Seed k is row k at every GBS: it read the same data at each."""
+    gbs = sorted(points)
+    samples = np.full((max(len(xs) for xs in points.values()), len(gbs)), np.nan)
+    for j, b in enumerate(gbs):
+        samples[: len(points[b]), j] = points[b]
+    samples[~np.isfinite(samples) | (samples <= 0)] = np.nan  # nothing to take the log of
+    measured = np.isfinite(samples)
+    some_gbs, some_seed = measured.any(axis=0), measured.any(axis=1)
+    return np.array(gbs, dtype=float)[some_gbs], samples[some_seed][:, some_gbs]
 
 
-def fit_branch(
-    val_loss: float, decrement: float, samples_seen: int, points: dict[int, list[float]], b0: float, seed: int = 0
-) -> BranchFit:
-    """Fit one branch point from {gbs: [samples to the decrement, one per seed]}. GBS values
-    whose every seed failed to reach the decrement are left out of the fit (they are in the
-    points list with NaN)."""
-    reached = {b: np.array([x for x in xs if math.isfinite(x)]) for b, xs in sorted(points.items())}
-    reached = {b: xs for b, xs in reached.items() if len(xs)}
-    if len(reached) < 2:
-        raise ValueError(f"branch at loss {val_loss:.3f}: fewer than 2 batch sizes reached the decrement")
-    gbs = np.array(list(reached), dtype=float)
-    by_seed = list(reached.values())
-    mean = np.array([s.mean() for s in by_seed])
-    sd = np.array([s.std(ddof=1) if len(s) > 1 else 0.0 for s in by_seed])
-    e_min, s_min = fit_linear_e(gbs, mean)
-    low, high = _bootstrap_interval(gbs, by_seed, np.random.default_rng(seed))
-    p = _chi2_p(gbs, mean, sd, e_min, s_min, min(len(s) for s in by_seed))
-    return BranchFit(
-        val_loss,
-        decrement,
-        samples_seen,
+def _search_range(gbs: np.ndarray) -> np.ndarray:
+    span = math.log(B_CRIT_SEARCH_FACTOR)
+    return np.linspace(math.log(gbs.min()) - span, math.log(gbs.max()) + span, B_CRIT_SEARCH_POINTS)
+
+
+def _shape(gbs: np.ndarray, log_b_crit) -> np.ndarray:
+    """log E(B) - log E_min = log(1 + B / B_crit): a row per candidate log B_crit, a column per GBS."""
+    return np.log1p(gbs[None, :] * np.exp(-np.atleast_1d(np.asarray(log_b_crit, dtype=float)))[:, None])
+
+
+def _residuals(z: np.ndarray, observed: np.ndarray, gbs: np.ndarray, log_b_crit: float) -> np.ndarray:
+    """z[seed, gbs] (log samples, 0 where not observed) less the form at log_b_crit and each
+    seed's own best offset (its shared luck, and log E_min); 0 where not observed."""
+    off_form = (z - _shape(gbs, log_b_crit)[0]) * observed
+    offset = off_form.sum(axis=1) / observed.sum(axis=1)
+    return (off_form - offset[:, None]) * observed
+
+
+def _sums_of_squares(z: np.ndarray, observed: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """The sum of squared `_residuals` of every replicate z[r] for every candidate row of `shape`,
+    (replicates, candidates), expanded into matrix products so that hundreds of replicates
+    against hundreds of candidates take milliseconds (`_residuals` is the exact form)."""
+    weight = observed.astype(float)
+    own = (z**2).sum(axis=(1, 2))[:, None] - 2 * z.sum(axis=1) @ shape.T + (weight.sum(axis=0) @ (shape**2).T)[None]
+    per_seed = (z.sum(axis=2)[:, :, None] - (weight @ shape.T)[None]) ** 2 / weight.sum(axis=1)[None, :, None]
+    return own - per_seed.sum(axis=1)
+
+
+def _best_on_range(z: np.ndarray, observed: np.ndarray, gbs: np.ndarray, search: np.ndarray) -> np.ndarray:
+    """The least-squares log B_crit of every replicate z[r]: the best point of the search range,
+    refined by a parabola through it and its neighbours."""
+    sse = _sums_of_squares(z, observed, _shape(gbs, search))
+    best = np.clip(sse.argmin(axis=1), 1, len(search) - 2)
+    rows = np.arange(len(best))
+    left, mid, right = sse[rows, best - 1], sse[rows, best], sse[rows, best + 1]
+    curvature = left - 2 * mid + right
+    shift = np.where(curvature > 0, (left - right) / (2 * np.where(curvature > 0, curvature, 1.0)), 0.0)
+    return search[best] + np.clip(shift, -1.0, 1.0) * (search[1] - search[0])
+
+
+def _least_squares(z: np.ndarray, observed: np.ndarray, gbs: np.ndarray, search: np.ndarray) -> tuple[float, float]:
+    """(log B_crit, its sum of squared residuals) of the measured sweep, solved to 1e-10."""
+    near = _best_on_range(z[None], observed, gbs, search)[0]
+    step = search[1] - search[0]
+    bounds = (max(near - 2 * step, search[0]), min(near + 2 * step, search[-1]))
+    best = minimize_scalar(
+        lambda t: float(np.sum(_residuals(z, observed, gbs, t) ** 2)),
+        bounds=bounds,
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
+    return float(best.x), float(best.fun)
+
+
+def _simulated_log_b_crit(
+    z: np.ndarray, observed: np.ndarray, gbs: np.ndarray, search: np.ndarray, log_b_crit: float, sse: float, rng, n: int
+) -> np.ndarray:
+    """log B_crit of `n` simulated re-measurements of the sweep: the fitted form and seed offsets
+    plus normal noise of a variance drawn as sse / chi2(dof), the sampling distribution of the
+    pooled residual variance, so that few seeds give the wide (t-like) spread they should. With
+    no residual dof nothing is known: the draws span the search range."""
+    dof = int(observed.sum()) - observed.shape[0] - 1
+    if dof < 1:
+        return np.linspace(search[0], search[-1], n)
+    fitted = z - _residuals(z, observed, gbs, log_b_crit)
+    sigma = np.sqrt(sse / rng.chisquare(dof, n))
+    again = (fitted[None] + sigma[:, None, None] * rng.standard_normal((n, *z.shape))) * observed
+    # Shifted by the search's own error on the noise-free fitted sweep: no noise, no spread.
+    bias = _best_on_range(fitted[None], observed, gbs, search)[0] - log_b_crit
+    return np.clip(_best_on_range(again, observed, gbs, search) - bias, search[0], search[-1])
+
+
+def _lack_of_fit_p(z: np.ndarray, observed: np.ndarray, sse: float) -> float:
+    """p-value of the linear form against the saturated model (a free mean per GBS, plus each
+    seed's offset): F = (lack of fit / its dof) / (pure error / its dof), the pure error being
+    what is left between the seeds of each GBS once each seed's shared offset is removed, pooled
+    over all GBS of the branch. NaN where either dof is 0 (two batch sizes, or one seed)."""
+    seed, col = np.nonzero(observed)
+    n_seeds, n_gbs = observed.shape
+    design = np.zeros((len(seed), n_seeds + n_gbs - 1))
+    design[np.arange(len(seed)), seed] = 1.0
+    later = np.nonzero(col > 0)[0]
+    design[later, n_seeds + col[later] - 1] = 1.0
+    coef, _, rank, _ = np.linalg.lstsq(design, z[seed, col], rcond=None)
+    pure = float(np.sum((z[seed, col] - design @ coef) ** 2))
+    lack_dof, pure_dof = rank - (n_seeds + 1), len(seed) - rank
+    if lack_dof < 1 or pure_dof < 1:
+        return float("nan")
+    if pure <= NO_SPREAD:  # seeds that agree exactly: any lack of fit is significant
+        return 1.0 if sse - pure <= NO_SPREAD else 0.0
+    return float(stats.f.sf(((sse - pure) / lack_dof) / (pure / pure_dof), lack_dof, pure_dof))
+
+
+def _b_crit_of(log_b_crit: float, search: np.ndarray) -> float:
+    """B_crit of a log value of the search; at its lower edge 0 (E proportional to B: no batch
+    is too small), at its upper edge infinite (samples do not grow with B over the grid)."""
+    half_step = (search[1] - search[0]) / 2
+    if log_b_crit <= search[0] + half_step:
+        return 0.0
+    return float("inf") if log_b_crit >= search[-1] - half_step else math.exp(log_b_crit)
+
+
+def _interval(draws: np.ndarray, search: np.ndarray) -> tuple[float, float]:
+    tail = (1 - INTERVAL) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return _b_crit_of(low, search), _b_crit_of(high, search)
+
+
+def _scale(samples: np.ndarray, gbs: np.ndarray, b_crit: float) -> tuple[float, float]:
+    """(E_min, S_min) of the fitted form, from the geometric mean of the samples."""
+    logs = np.log(samples)
+    if math.isinf(b_crit):
+        return float(np.exp(np.nanmean(logs))), 0.0
+    s_min = float(np.exp(np.nanmean(logs - np.log(b_crit + gbs))))
+    return s_min * b_crit, s_min
+
+
+def _mean_and_sd(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per GBS, over the seeds that measured it: the mean and the spread (0 for one seed)."""
+    count = np.isfinite(samples).sum(axis=0)
+    mean = np.nansum(samples, axis=0) / count
+    spread = np.nansum((samples - mean) ** 2, axis=0) / np.maximum(count - 1, 1)
+    return mean, np.sqrt(spread)
+
+
+def _own_fit(sweep: Sweep, b0: float, search: np.ndarray, rng, n: int) -> tuple[BranchFit, float, np.ndarray]:
+    """One branch point on its own: its fit (b_crit = b_crit_raw), log B_crit and its simulated draws."""
+    gbs, samples = _seed_matrix(sweep.points)
+    if len(gbs) < 2:
+        raise ValueError(
+            f"branch at loss {sweep.val_loss:.3f}: fewer than 2 batch sizes measured the decrement (never "
+            "reached it, or reached it within one step, too soon to measure: a larger decrement would do)"
+        )
+    observed = np.isfinite(samples)
+    logs = np.where(observed, np.log(np.where(observed, samples, 1.0)), 0.0)
+    z = (logs - (logs.sum(axis=1) / observed.sum(axis=1))[:, None]) * observed  # small numbers: exact sums
+    log_b_crit, sse = _least_squares(z, observed, gbs, search)
+    draws = _simulated_log_b_crit(z, observed, gbs, search, log_b_crit, sse, rng, n)
+    p = _lack_of_fit_p(z, observed, sse)
+    b_crit, (low, high) = _b_crit_of(log_b_crit, search), _interval(draws, search)
+    mean, sd = _mean_and_sd(samples)
+    fit = BranchFit(
+        sweep.val_loss,
+        sweep.decrement,
+        sweep.samples_seen,
         [int(b) for b in gbs],
         mean.tolist(),
         sd.tolist(),
         _efficiency_curve(gbs, mean, b0).tolist(),
-        critical_batch_of(e_min, s_min),
+        b_crit,
         low,
         high,
-        e_min,
-        s_min,
+        *_scale(samples, gbs, b_crit),
         p,
-        p >= FIT_P_MIN,
+        not p < FIT_P_MIN,  # a form that cannot be tested (NaN) is kept
+        b_crit_raw=b_crit,
+        b_crit_raw_low=low,
+        b_crit_raw_high=high,
+        log_b_crit_sd=float(draws.std()),
     )
+    return fit, log_b_crit, draws
+
+
+def _monotone(log_b_crit: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """log B_crit non-decreasing over branch points in progress order (rows), each weighted by
+    the inverse variance of its own draws; the same fit of every column of draws is the joint
+    fit's spread (the branch points' draws are independent)."""
+    if len(log_b_crit) < 2:
+        return log_b_crit, draws
+    weights = 1.0 / np.maximum(draws.var(axis=1), NO_SPREAD)
+    joint = isotonic_regression(log_b_crit, weights=weights).x
+    again = np.stack([isotonic_regression(column, weights=weights).x for column in draws.T], axis=1)
+    return joint, again
+
+
+def fit_branches(sweeps: list[Sweep], b0: float, seed: int = 0, draws: int = BOOTSTRAP) -> list[BranchFit]:
+    """Fit every branch point on its own, then B_crit jointly: a critical batch that shrinks as
+    training goes on is noise (McCandlish et al.; Merrill et al. 2025), so log B_crit is made
+    non-decreasing in the samples seen, each branch point weighted by its precision. b_crit and
+    its interval are the joint fit's; b_crit_raw and its interval, each branch point's own.
+    Returned in the order given. `seed` makes the simulated re-measurements repeatable."""
+    search = _search_range(np.array(sorted({b for s in sweeps for b in s.points}), dtype=float))
+    rng = np.random.default_rng(seed)
+    own = [_own_fit(s, b0, search, rng, draws) for s in sweeps]
+    order = sorted(range(len(sweeps)), key=lambda i: sweeps[i].samples_seen)
+    joint, joint_draws = _monotone(np.array([own[i][1] for i in order]), np.stack([own[i][2] for i in order]))
+    fits: list[BranchFit] = [own[i][0] for i in range(len(sweeps))]
+    for rank, i in enumerate(order):
+        low, high = _interval(joint_draws[rank], search)
+        fits[i] = replace(fits[i], b_crit=_b_crit_of(joint[rank], search), b_crit_low=low, b_crit_high=high)
+    return fits
+
+
+def fit_branch(
+    val_loss: float,
+    decrement: float,
+    samples_seen: int,
+    points: dict[int, list[float]],
+    b0: float,
+    seed: int = 0,
+    draws: int = BOOTSTRAP,
+) -> BranchFit:
+    """Fit one branch point from {gbs: [samples to the decrement, one per seed]} (`fit_branches`
+    of it alone). GBS values whose every seed failed to reach the decrement are left out of the
+    fit (they are in the points list with NaN)."""
+    return fit_branches([Sweep(val_loss, decrement, samples_seen, points)], b0, seed, draws)[0]
 
 
 def with_noise_scales(fit: BranchFit, b_noise: float, b_noise_adam: float, b_noise_run: float) -> BranchFit:
@@ -284,7 +493,7 @@ class NoiseScaleMapping:
     """The configured mapping: critical batch = critical_factor × B_noise; SE in `form`."""
 
     form: str = "pollux"
-    critical_factor: float = 2.0
+    critical_factor: float = DEFAULT_CRITICAL_FACTOR
     source: str = "configured"
 
     def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
@@ -315,7 +524,7 @@ class CalibratedMapping:
     branches: tuple[BranchFit, ...]
     b0: float
     source: str = "calibration"
-    fallback_factor: float = 2.0  # c where no branch measured one (no noise estimate there)
+    fallback_factor: float = DEFAULT_CRITICAL_FACTOR  # c where no branch measured one (no noise estimate there)
 
     def _weights(self, loss: float) -> list[tuple[BranchFit, float]]:
         bs = sorted(self.branches, key=lambda b: -b.level)
@@ -396,3 +605,65 @@ class CalibrationResult:
 def _growth(values: list[float]) -> float | None:
     finite = [v for v in values if math.isfinite(v) and v > 0]
     return finite[-1] / finite[0] if len(finite) >= 2 else None
+
+
+# --- the learning-rate rule's share -----------------------------------------------------------
+
+
+def _mean_samples(points: list[dict], branch: int, gbs: int, factor: float) -> tuple[float | None, int]:
+    """Mean samples to the decrement of the continuations at (branch, GBS, LR factor) that were
+    measured, and how many were; None when none was."""
+    got = [
+        p["samples"]
+        for p in points
+        if p["branch"] == branch
+        and p["gbs"] == gbs
+        and p.get("lr_factor", 1.0) == factor
+        and p["samples"] is not None
+        and math.isfinite(p["samples"])
+    ]
+    return (float(np.mean(got)) if got else None), len(got)
+
+
+def lr_probe_table(points: list[dict], b0: int, probe: dict) -> dict:
+    """What `calibration.lr_probe` measured, per branch point: samples to the decrement at each
+    (GBS, LR factor) against the rule's LR at that GBS (`relative_to_rule` < 1: fewer samples than
+    the rule's LR needs), and the jump: at B0 with the LR the rule gives `jump_to`, against B0 and
+    against `jump_to` at their rule's LR. `lr_share_of_switch` = log(E(B0, jumped LR) / E(B0)) /
+    log(E(jump_to) / E(B0)): the part of the switch's change in samples that the LR jump alone
+    makes (0: none, 1: all of it; null when the switch changes nothing measurable)."""
+    rows, jumps = [], []
+    for branch in sorted({p["branch"] for p in points}):
+        for gbs, factor in probe["pairs"]:
+            mean, n = _mean_samples(points, branch, gbs, factor)
+            rule, _ = _mean_samples(points, branch, gbs, 1.0)
+            relative = mean / rule if mean is not None and rule else None
+            rows.append(
+                {
+                    "branch": branch,
+                    "gbs": gbs,
+                    "lr_factor": factor,
+                    "mean_samples": mean,
+                    "seeds": n,
+                    "rule_samples": rule,
+                    "relative_to_rule": relative,
+                }
+            )
+        jumps.append(_jump_row(points, branch, b0, probe))
+    return {"jump_to": probe["jump_to"], "jump_factor": probe["jump_factor"], "rows": rows, "jumps": jumps}
+
+
+def _jump_row(points: list[dict], branch: int, b0: int, probe: dict) -> dict:
+    at_b0, _ = _mean_samples(points, branch, b0, 1.0)
+    jumped, _ = _mean_samples(points, branch, b0, probe["jump_factor"])
+    switched, _ = _mean_samples(points, branch, probe["jump_to"], 1.0)
+    share = None
+    if at_b0 and jumped and switched and abs(math.log(switched / at_b0)) > 1e-9:
+        share = math.log(jumped / at_b0) / math.log(switched / at_b0)
+    return {
+        "branch": branch,
+        "samples_b0": at_b0,
+        "samples_b0_jumped_lr": jumped,
+        "samples_jump_to": switched,
+        "lr_share_of_switch": share,
+    }

@@ -13,6 +13,21 @@ whose mean `paired_speedup_mean` comes with a 95% Student-t interval `paired_spe
 The ablation `copus-gbs` (GBS by goodput, layout and MBS fixed) is not a baseline: it gets the
 same fields against the same baselines, and copus gets `vs_copus_gbs` (its paired speedup
 over the ablation: the gain of co-adapting the layout and MBS).
+
+Paired log-ratios. Every policy gets `per_seed` (time and samples to target per evaluation seed)
+and its mean log time to target; copus and copus-gbs get `paired_log_ratio` against each
+baseline (log(t_baseline / t_ours) per repeat, mean, 95% Student-t interval, implied speedup
+exp − 1) and `vs_best_baseline`, that against `best_baseline` (the baseline of lowest mean log
+time to target among those that reached it in every repeat). Tuned baselines (`tuned-static`,
+`tuned-ramp`, `copus.core.tuning`) are baselines like any other. How misses enter:
+`paired_log_ratio`.
+
+Counterfactual audit. A copus-family run and the static run of its repeat share seed, data order
+and starting GBS (batch.gbs; with static_layout: best the layout too), so until copus first
+changes its GBS they are the same run up to layout numerics, and after it static is what copus would have
+done at the old GBS: the counterfactual of that change (`copus.core.counterfactual`).
+`counterfactual_audit` holds the change's predicted statistical-efficiency gain against the one
+realized at matched loss, beside the one-run estimate of the run's own audit.
 """
 
 from __future__ import annotations
@@ -20,9 +35,13 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from typing import Callable
 
+import numpy as np
 from scipy import stats as scipy_stats
 
+from copus.core.audit import step_curve
+from copus.core.counterfactual import CounterfactualGain, counterfactual_gain
 from copus.core.policy_names import ADAPTIVE
 
 
@@ -63,13 +82,96 @@ def summarize(runs: list[dict], policies: list[str]) -> dict:
             "final_val_loss_std": loss_std,
             "samples": _stats([r["samples"] for r in mine])[0],
             "reconfigurations": _stats([r["reconfigurations"] for r in mine])[0],
+            "per_seed": seed_rows(mine),
+            **mean_log_time(mine),
         }
     baselines = [p for p in policies if p not in ADAPTIVE]
+    best = best_baseline(out, baselines)
     for policy in (p for p in ADAPTIVE if p in out):
         out[policy].update(_speedup(runs, out, baselines, policy))
+        out[policy]["paired_log_ratio"] = {b: paired_log_ratio(runs, b, policy) for b in baselines}
+        out[policy]["vs_best_baseline"] = out[policy]["paired_log_ratio"][best] if best else None
     if "copus" in out and "copus-gbs" in out:
         out["copus"]["vs_copus_gbs"] = paired_against(runs, "copus-gbs")
     return out
+
+
+def seed_rows(runs: list[dict]) -> list[dict]:
+    """One policy's runs, repeat by repeat: the evaluation seed, and time and samples to target
+    (None where the target was missed)."""
+    return [
+        {
+            "repeat": r["repeat"],
+            "seed": r.get("seed"),
+            "reached_target": r["reached_target"],
+            "time_to_target_s": r["time_to_target_s"],
+            "time_to_target_without_eval_s": r.get("time_to_target_without_eval_s"),
+            "samples_to_target": r["samples"] if r["reached_target"] else None,
+        }
+        for r in sorted(runs, key=lambda r: r["repeat"])
+    ]
+
+
+def mean_log_time(runs: list[dict]) -> dict:
+    """The mean of log(time to target in s) over one policy's runs, and its exponential (the
+    geometric mean), when every run reached the target; None otherwise."""
+    if not runs or not all(r["reached_target"] for r in runs):
+        return {"mean_log_time_to_target": None, "geomean_time_to_target_s": None}
+    mean = statistics.fmean(math.log(r["time_to_target_s"]) for r in runs)
+    return {"mean_log_time_to_target": mean, "geomean_time_to_target_s": math.exp(mean)}
+
+
+def best_baseline(stats: dict, baselines: list[str]) -> str | None:
+    """The baseline of lowest mean log time to target, among those that reached the target in
+    every repeat (`summarize`'s per-policy `stats`); None when none did."""
+    done = [b for b in baselines if stats[b]["mean_log_time_to_target"] is not None]
+    return min(done, key=lambda b: stats[b]["mean_log_time_to_target"]) if done else None
+
+
+def paired_log_ratio(runs: list[dict], baseline: str, ours: str = "copus") -> dict:
+    """`ours` against one baseline, repeat by repeat (same seed): log(t_baseline / t_ours), its
+    mean with a 95% Student-t interval, and the speedup they imply (exp − 1).
+
+    Misses: a baseline run that missed the target enters at its wall-clock time when it stopped,
+    a lower bound on its time to target (`censored_seeds`): the pair's log-ratio is then a lower
+    bound too, which can only understate `ours`. A pair where `ours` missed has no such bound: it
+    is left out and counted (`pairs_excluded`, `excluded_seeds`), and `complete` is false."""
+    by = {(r["policy"], r["repeat"]): r for r in runs}
+    pairs, censored, excluded = [], [], []
+    for repeat in sorted({r["repeat"] for r in runs}):
+        mine, theirs = by.get((ours, repeat)), by.get((baseline, repeat))
+        if mine is None or theirs is None:
+            continue  # a repeat still running
+        log_ratio = _pair_log_ratio(mine, theirs)
+        if log_ratio is None:
+            excluded.append(mine.get("seed"))
+            continue
+        if not theirs["reached_target"]:
+            censored.append(mine.get("seed"))
+        pairs.append({"repeat": repeat, "seed": mine.get("seed"), "log_ratio": log_ratio})
+    mean, ci = mean_ci95([p["log_ratio"] for p in pairs])
+    return {
+        "baseline": baseline,
+        "n_pairs": len(pairs),
+        "pairs": pairs,
+        "log_ratio_mean": mean,
+        "log_ratio_ci95": ci,
+        "speedup": math.expm1(mean) if mean is not None else None,
+        "speedup_ci95": [math.expm1(x) for x in ci] if ci else None,
+        "censored_seeds": censored,
+        "pairs_excluded": len(excluded),
+        "excluded_seeds": excluded,
+        "complete": not excluded,
+    }
+
+
+def _pair_log_ratio(mine: dict, theirs: dict) -> float | None:
+    """log(t_theirs / t_mine) of one pair of runs (a missed baseline at its wall-clock time, a
+    lower bound), or None when `mine` missed the target (no bound either way)."""
+    if not mine["reached_target"]:
+        return None
+    t_theirs = theirs["time_to_target_s"] if theirs["reached_target"] else theirs.get("wall_clock_s")
+    return math.log(t_theirs / mine["time_to_target_s"]) if t_theirs else None
 
 
 def _speedup(runs: list[dict], stats: dict, baselines: list[str], ours: str = "copus") -> dict:
@@ -113,3 +215,116 @@ def paired_against(runs: list[dict], baseline: str, ours: str = "copus") -> dict
     ]
     mean, ci = mean_ci95(paired)
     return {"paired_speedup_per_repeat": paired, "paired_speedup_mean": mean, "paired_speedup_ci95": ci}
+
+
+def paired_static(runs: list[dict], row: dict) -> dict | None:
+    """The static run that is `row`'s counterfactual: same repeat, seed and starting GBS."""
+    return next(
+        (
+            r
+            for r in runs
+            if r["policy"] == "static"
+            and r["repeat"] == row["repeat"]
+            and r["seed"] == row["seed"]
+            and r["initial_layout"]["gbs"] == row["initial_layout"]["gbs"]
+        ),
+        None,
+    )
+
+
+def first_gbs_change(reconfigurations: list[dict]) -> tuple[dict | None, float | None]:
+    """A run's first change of GBS (a summary.json `reconfigurations` entry), and the samples at
+    its next one (where the switched curve stops being that change's), or None."""
+    changes = [c for c in reconfigurations if c["from"]["gbs"] != c["to"]["gbs"]]
+    if not changes:
+        return None, None
+    return changes[0], (float(changes[1]["samples"]) if len(changes) > 1 else None)
+
+
+def add_counterfactual_audits(
+    runs: list[dict],
+    summaries: dict[tuple[str, int], dict],
+    policies: list[str],
+    read_records: Callable[[str], list[dict]],
+    warn: Callable[[str], None],
+) -> None:
+    """Adds `counterfactual_audit` (`audit_fields`) to each copus-family entry of `runs` that has
+    none yet, once its repeat's static run is done (or when the suite runs none). `summaries`:
+    each run's summary.json by (policy, repeat); `read_records`: a run's records.jsonl, by its
+    output_dir. An audit that fails leaves the comparison as it is, with the reason."""
+    for row in runs:
+        if row["policy"] not in ADAPTIVE or "counterfactual_audit" in row:
+            continue
+        static = paired_static(runs, row)
+        if static is None and "static" in policies and ("static", row["repeat"]) not in summaries:
+            continue  # the repeat's static run is still to come
+        summary = summaries[(row["policy"], row["repeat"])]
+        change, next_change_at = first_gbs_change(summary["reconfigurations"])
+        if change is None:
+            row["counterfactual_audit"] = audit_fields(None, note="no change of GBS: nothing to audit")
+        elif static is None:
+            note = "no static run with the same seed and starting GBS in this repeat"
+            row["counterfactual_audit"] = audit_fields(change, note=note)
+        else:
+            try:
+                records = read_records(row["output_dir"]), read_records(static["output_dir"])
+                row["counterfactual_audit"] = counterfactual_audit(change, next_change_at, *records)
+            except Exception as err:  # a by-product: never lose a comparison to it
+                warn(f"warning: could not audit {row['output_dir']} against static ({type(err).__name__}: {err})")
+                row["counterfactual_audit"] = audit_fields(change, note=f"audit failed: {type(err).__name__}")
+
+
+def counterfactual_audit(change: dict, next_change_at: float | None, switched: list[dict], static: list[dict]) -> dict:
+    """The audit (`audit_fields`) of a run's first change of GBS (`change`; the next one at
+    `next_change_at` samples ends its curve) from its records (`switched`) and the records of
+    its paired static run (`static`), the counterfactual."""
+    s_sw, l_sw = step_curve(switched)
+    s_cf, l_cf = step_curve(static)
+    at = float(change["samples"])
+    keep = s_sw <= (next_change_at if next_change_at is not None else math.inf)
+    est = counterfactual_gain((s_sw[keep], l_sw[keep]), (s_cf, l_cf), at)
+    return audit_fields(change, est, _gap_before(s_sw, l_sw, s_cf, l_cf, at))
+
+
+def audit_fields(
+    change: dict | None, est: CounterfactualGain | None = None, gap_before: float | None = None, note: str | None = None
+) -> dict:
+    """The fields of a counterfactual audit: the change (step, samples, GBS from and to), the
+    controller's predicted SE(new)/SE(old), the realized gain against static at matched loss
+    (`copus.core.counterfactual.CounterfactualGain`: ρ, its 95% interval, the matched loss, the
+    samples each run needed to reach it, the points used), the run's own one-run estimate for
+    contrast, `loss_gap_before_switch` (mean |difference| of the two runs' train losses at the same
+    samples before the switch: near 0 when they really were one run until then) and a note."""
+    change = change or {}
+    order = change.get("order") or {}
+    predicted = change.get("predicted_efficiency_gain")
+    predicted = order.get("predicted_efficiency_gain") if predicted is None else predicted
+    return {
+        "counterfactual": "static",
+        "step": change.get("step"),
+        "samples": change.get("samples"),
+        "from_gbs": (change.get("from") or {}).get("gbs"),
+        "to_gbs": (change.get("to") or {}).get("gbs"),
+        "predicted_efficiency_gain": predicted,
+        "realized_efficiency_gain": est.rho if est else None,
+        "realized_efficiency_interval": list(est.interval) if est and est.interval else None,
+        "matched_loss": est.level if est else None,
+        "samples_to_matched_loss": (
+            {"static": est.samples_counterfactual, "switched": est.samples_switched}
+            if est and est.rho is not None
+            else None
+        ),
+        "audit_points": {"static": est.n_before, "switched": est.n_after} if est else None,
+        "loss_gap_before_switch": gap_before,
+        "one_run_efficiency_gain": change.get("realized_efficiency_gain"),
+        "one_run_efficiency_interval": change.get("realized_efficiency_interval"),
+        "audit_note": est.note if est else note,
+    }
+
+
+def _gap_before(s_a, l_a, s_b, l_b, switch_at: float) -> float | None:
+    """Mean |l_a − l_b| over the samples both curves report up to the switch."""
+    before = s_a <= switch_at
+    common, ia, ib = np.intersect1d(s_a[before], s_b, return_indices=True)
+    l_a = l_a[before]
+    return float(np.mean(np.abs(l_a[ia] - l_b[ib]))) if len(common) else None

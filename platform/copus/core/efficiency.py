@@ -1,16 +1,14 @@
 """Statistical efficiency: how much progress one sample makes at batch size B, relative to
 the reference batch size B0, and the learning-rate gain rules that go with it.
 
-Two forms, selectable (`policy.efficiency`):
-
-- pollux (Pollux, OSDI 2021):   SE(B) = (B_noise + B0) / (B_noise + B)
-  1 at B = B0, falls as B grows; the progress of a B-sample step is SE(B)·B/B0 B0-steps, the
-  AdaScale gain r = (var + sqr)/(var/s + sqr) with s = B/B0.
-- lr-aware (COPUS):             SE(B) = (c·B_noise + B0) / (c·B_noise + B)
-  the noise scale replaced by the critical batch c·B_noise (c = `gns.critical_factor`, 2 by
-  default): with AdamW and √ learning-rate scaling a larger batch also takes a larger step,
-  which the Pollux form (derived for a tuned SGD learning rate) does not credit; the factor
-  c > 1 credits it, so larger batches keep more of their efficiency.
+One form, SE(B) = (B_crit + B0) / (B_crit + B), with the critical batch B_crit = c × B_noise
+(c = `gns.critical_factor`). Pollux (OSDI 2021) derived it with c = 1 for SGD with AdaScale's
+learning rate (the progress of a B-sample step is SE(B)·B/B0 B0-steps; AdaScale's gain
+r = (var + sqr)/(var/s + sqr), s = B/B0). With AdamW and the √ learning-rate rule a larger
+batch also takes a larger step, which c > 1 credits. `policy.efficiency` names the two
+historical forms, `pollux` and `lr-aware`; both now apply c (before, `pollux` ignored it in SE
+while the critical-batch policies applied it, so one run read two different critical batches).
+For the original Pollux form set `gns.critical_factor: 1`.
 
 Pure math: no torch, no ray.
 """
@@ -22,6 +20,9 @@ from typing import Literal, get_args
 
 import numpy as np
 
+# c of the configured mapping: the geometric mean of B_crit / (the run's live estimate) over the
+# branch points of the calibrations in docs/ (docs/noise-scale.md), under the progress horizon.
+DEFAULT_CRITICAL_FACTOR = 2.3
 EfficiencyForm = Literal["pollux", "lr-aware"]  # the statistical-efficiency forms, named once
 FORMS: tuple[str, ...] = get_args(EfficiencyForm)
 
@@ -35,11 +36,11 @@ def statistical_efficiency(b_noise: float, b0: float, b: float) -> float:
     return (b_noise + b0) / (b_noise + b)
 
 
-def efficiency(form: str, b_noise: float, b0: float, b, critical_factor: float = 2.0):
+def efficiency(form: str, b_noise: float, b0: float, b, critical_factor: float = DEFAULT_CRITICAL_FACTOR):
     """SE of batch size(s) `b` (a number or a numpy array) under the chosen form."""
     if form not in FORMS:
         raise ValueError(f"policy.efficiency: unknown form {form!r} (known: {', '.join(FORMS)})")
-    scale = critical_factor if form == "lr-aware" else 1.0
+    scale = critical_factor  # every form: the critical batch is c x B_noise (module docstring)
     if math.isnan(b_noise):
         return np.full_like(np.asarray(b, dtype=float), np.nan) if np.ndim(b) else float("nan")
     if math.isinf(b_noise):

@@ -6,6 +6,23 @@ estimates of |G|² and tr(Σ); each is smoothed separately with a bias-corrected
 moving average, and B_noise = tr(Σ)/|G|² is the ratio of the smoothed values (never the mean
 of per-step ratios, which is biased and unstable).
 
+How far back the average reaches (its horizon) is a bias-variance trade-off. The noise scale
+grows as training goes on (it follows the loss, McCandlish et al.), so an average lags the
+present by its mean age; a shorter one is noisier (each step's two-batch estimate of |G|² is
+itself very noisy, often negative). Two horizons:
+
+- progress (default): a half-life in samples that is a share of the samples seen so far,
+  never below a floor: h = max(share × samples_seen, floor). The mean age of the average is
+  h / ln 2, so with B_noise ∝ samples^a the estimate trails the present by a factor of about
+  (1 + share/ln 2)^a (≈ 7% low at share 0.05 and a = 1), whatever the run's length, and it
+  averages ≈ 2.9·h/GBS steps (≥ 23 at the default floor of 8 reference batches).
+- fixed: θ = smoothing ** (GBS / B0) per step, AdaptDL's form. 0.999 per reference batch is a
+  horizon of ~1000 steps; on runs of a few thousand samples that is close to the average since
+  step 0, which lags a growing noise scale several-fold (docs/calibration.md).
+
+At fixed weights (no training in between: `copus gns`) nothing drifts and the fixed form with
+smoothing near 1 is the plain average it should be.
+
 Pure numpy/math: no torch, no ray.
 """
 
@@ -14,7 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from copus.core.efficiency import statistical_efficiency
+import numpy as np
+
+from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, statistical_efficiency
 
 
 def two_batch_estimates(sq_small: float, b_small: float, sq_big: float, b_big: float) -> tuple[float, float]:
@@ -24,6 +43,23 @@ def two_batch_estimates(sq_small: float, b_small: float, sq_big: float, b_big: f
     grad_sqr = (b_big * sq_big - b_small * sq_small) / (b_big - b_small)
     grad_var = (sq_small - sq_big) / (1.0 / b_small - 1.0 / b_big)
     return grad_sqr, grad_var
+
+
+def b_noise_interval(
+    norms: list[tuple[float, float, float, float]], seed: int = 0, resamples: int = 400
+) -> tuple[float, float]:
+    """95% interval of B_noise measured at fixed weights: a bootstrap over the steps' two-batch
+    norms (sq_small, b_small, sq_big, b_big), each resample's estimate the ratio of the mean
+    tr(Σ) to the mean |G|² (the steps are exchangeable: nothing drifts). NaN with < 2 steps."""
+    pairs = np.array([two_batch_estimates(*n) for n in norms if all(map(math.isfinite, n))], dtype=float)
+    if len(pairs) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(pairs), size=(resamples, len(pairs)))
+    sqr, var = pairs[picks, 0].mean(axis=1), np.maximum(pairs[picks, 1].mean(axis=1), 0.0)
+    ratio = np.sort(np.where(sqr > 0, var / np.where(sqr > 0, sqr, 1.0), np.inf))
+    # Order statistics, not np.percentile: a resample whose |G|² is not positive is inf.
+    return float(ratio[int(0.025 * (resamples - 1))]), float(ratio[math.ceil(0.975 * (resamples - 1))])
 
 
 @dataclass
@@ -37,32 +73,63 @@ class GNSState:
     skipped_nonfinite: int = 0
 
 
-class GNSEstimator:
-    """Smoothed |G|², tr(Σ), B_noise, critical batch size and statistical efficiency.
+@dataclass(frozen=True)
+class Horizon:
+    """How far back the estimate reaches (module docstring): `share` of the samples seen as a
+    half-life, at least `floor` samples; or, with share None, `smoothing` per reference batch."""
 
-    theta = base ** (gbs / reference_gbs): the EMA forgets per sample, not per step, so a
-    larger batch (which carries more information) moves the average further (AdaptDL).
-    """
+    share: float | None = 0.05
+    floor: float = 128.0  # samples
+    smoothing: float = 0.999
+
+    def __post_init__(self):
+        if not 0.0 < self.smoothing < 1.0:
+            raise ValueError(f"gns.smoothing must be in (0, 1), got {self.smoothing}")
+        if self.share is not None and not 0.0 < self.share <= 1.0:
+            raise ValueError(f"gns.half_life_share must be in (0, 1], got {self.share}")
+        if not self.floor > 0:
+            raise ValueError(f"gns.min_half_life must be positive, got {self.floor}")
+
+    def theta(self, batch: float, reference_gbs: float, samples_seen: float | None) -> float:
+        """The weight the old average keeps when a step of `batch` samples is folded in: the
+        average forgets per sample, not per step, so a larger batch (which carries more
+        information) moves it further (AdaptDL). Without the samples seen (fixed weights), the
+        fixed form."""
+        if self.share is None or samples_seen is None or not math.isfinite(samples_seen):
+            return self.smoothing ** (batch / reference_gbs)
+        half_life = max(self.share * samples_seen, self.floor)
+        return 0.5 ** (batch / half_life)
+
+
+class GNSEstimator:
+    """Smoothed |G|², tr(Σ), B_noise, critical batch size and statistical efficiency."""
 
     def __init__(
-        self, reference_gbs: int, smoothing: float = 0.999, critical_factor: float = 2.0, state: GNSState | None = None
+        self,
+        reference_gbs: int,
+        smoothing: float = 0.999,
+        critical_factor: float = DEFAULT_CRITICAL_FACTOR,
+        state: GNSState | None = None,
+        horizon: Horizon | None = None,
     ):
-        if not 0.0 < smoothing < 1.0:
-            raise ValueError(f"gns.smoothing must be in (0, 1), got {smoothing}")
+        self.horizon = horizon if horizon is not None else Horizon(share=None, smoothing=smoothing)
         self.reference_gbs = reference_gbs
-        self.smoothing = smoothing
+        self.smoothing = self.horizon.smoothing
         self.critical_factor = critical_factor
         self.state = state or GNSState()
 
-    def update(self, sq_small: float, b_small: float, sq_big: float, b_big: float) -> bool:
-        """Fold in one measurement. Non-finite inputs are ignored and counted. Returns whether
+    def update(
+        self, sq_small: float, b_small: float, sq_big: float, b_big: float, samples_seen: float | None = None
+    ) -> bool:
+        """Fold in one measurement (`samples_seen`: the run's samples after this step; the
+        progress horizon needs it). Non-finite inputs are ignored and counted. Returns whether
         the measurement was used."""
         values = (sq_small, b_small, sq_big, b_big)
         if not all(math.isfinite(v) for v in values):
             self.state.skipped_nonfinite += 1
             return False
         grad_sqr, grad_var = two_batch_estimates(*values)
-        theta = self.smoothing ** (b_big / self.reference_gbs)
+        theta = self.horizon.theta(b_big, self.reference_gbs, samples_seen)
         s = self.state
         s.ema_sqr = theta * s.ema_sqr + (1 - theta) * grad_sqr
         s.ema_var = theta * s.ema_var + (1 - theta) * grad_var

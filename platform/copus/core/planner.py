@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
+from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 from copus.core.layout import CandidateConfig
 
 
@@ -93,7 +94,7 @@ class Planner:
         throughput: Callable[[list[CandidateConfig]], np.ndarray],
         b0: int,
         form: str = "pollux",
-        critical_factor: float = 2.0,
+        critical_factor: float = DEFAULT_CRITICAL_FACTOR,
         threshold: float = 0.10,
         mapping=None,
     ):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-PolicyName = Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs"]
+PolicyName = Literal["copus", "static", "cbs", "cbs-pessimistic", "cbs-optimistic", "copus-gbs", "ramp"]
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 # Policies of COPUS itself (the full one and its ablation); every other policy is a baseline.
 ADAPTIVE: tuple[str, ...] = ("copus", "copus-gbs")
+# Policies that follow a schedule fixed before the run (batch.gbs, or batch.ramp's GBS by samples
+# seen): no controller, no noise scale; only static with `policy.layout: best` reads the profile.
+SCHEDULED: tuple[str, ...] = ("static", "ramp")
 # What `copus compare` runs when a suite names no policies.
 DEFAULT_SUITE: tuple[str, ...] = ("copus", "static", "cbs-pessimistic", "cbs-optimistic")

@@ -12,37 +12,44 @@ Three models stand in for what a real run measures:
   recomputation, which the search space varies like the layout).
 - **Training truth**, kept apart from what the planner believes (its form and critical
   factor are never used here). Loss as a function of effective tokens, Hoffmann et al. 2022
-  (Chinchilla): L(N, D) = E + A / N^α + B / D^β; the true critical batch as a function of the
-  loss, either Kaplan et al. 2020, B_crit(L) = B* / L^(1/α_B) tokens (`CriticalBatch`), or
-  measured by `copus calibrate` (`CalibratedCriticalBatch`: branch points' B_crit
-  interpolated linearly in the loss). Progress follows McCandlish et al. 2018:
-  E(B) = E_min (1 + B / B_crit), so a step of B samples is worth B · B_crit / (B_crit + B)
-  samples at a vanishingly small batch; D counts those ("tokens at a small batch").
-- **The planner's view** (`NoiseEstimate`): the noise scale a controller would report, off
-  from the truth by a mapping error m and a multiplicative estimation noise ε (seeded):
-  b_noise = m · ε · B_crit / c, so the planner's own c × b_noise is m · ε · B_crit. With
-  m = 1 and ε = 1 the planner's critical batch is the true one; its SE form is its own.
+  (Chinchilla): L(N, D) = E + A / N^α + B / D^β, never above the loss at zero data, ln(vocab)
+  (`LossCurve`); the true critical batch as a function of the loss, either Kaplan et al. 2020,
+  B_crit(L) = B* / L^(1/α_B) tokens (`CriticalBatch`), or measured by `copus calibrate`
+  (`CalibratedCriticalBatch`: branch points' B_crit interpolated linearly in the loss).
+  Progress follows McCandlish et al. 2018: E(B) = E_min (1 + B / B_crit), so a step of B
+  samples is worth B · B_crit / (B_crit + B) samples at a vanishingly small batch; D counts
+  those ("tokens at a small batch"); less for a few steps after a GBS change (`LrTransient`).
+- **The planner's view** (`NoiseEstimate`, `LiveEstimate`): the noise scale a controller would
+  report, b_noise = m · ε · B_crit(lagged) / c: the true critical batch the EMA's mean age ago,
+  off by a mapping error m and an estimation noise ε autocorrelated over decisions (seeded), so
+  the planner's own c × b_noise is m · ε · B_crit(lagged). With m = 1, ε = 1 and no lag the
+  planner's critical batch is the true one; its SE form is its own.
 - **Reconfiguration cost** (`ReconfigurationCosts`): a fixed start-up plus the training state
   moved over the network (in place) or written to and read from storage (restart).
 
 Time advances step by step; every `interval_s` of simulated time the policy decides through
 `copus.core.policies.decide` and `copus.core.planner.Planner`, the objects a real run's
-controller uses (hysteresis, switching cost and all). Pure: no torch, no ray.
+controller uses (hysteresis, switching cost and all); a ramp (`copus.core.ramp.BatchRamp`)
+changes the GBS by samples seen instead. Pure: no torch, no ray.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from copus.core import planner as planner_module
 from copus.core import policies
 from copus.core.datasheets import NodeSpec
-from copus.core.layout import CandidateConfig, ModelShape
+from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 from copus.core.memory import config_bytes, fits
 from copus.core.planner import SwitchCosts
+from copus.core.policy_names import SCHEDULED
+from copus.core.ramp import BatchRamp
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
@@ -57,16 +64,24 @@ ADAM_BYTES_PER_PARAM = 7 * 4
 @dataclass(frozen=True)
 class LossCurve:
     """L(N, D) = e + a / N^alpha + b / D^beta, N parameters, D tokens (Hoffmann et al. 2022,
-    the fitted values of their approach 3)."""
+    the fitted values of their approach 3), never above `initial`, the loss at zero data.
+
+    Why the cap: the fitted form diverges as D -> 0 (412 nats at one token), where the critical
+    batch of the published fit is ~1e-8 sequences, so a step made almost no progress and a run
+    spent most of its simulated time escaping a loss no model ever has. An untrained model
+    predicts about uniformly over its vocabulary: its loss is ln(vocab) (10.4 nats for 32,000
+    tokens), which `simulate` puts here when `initial` is None."""
 
     e: float = 1.69
     a: float = 406.4
     alpha: float = 0.34
     b: float = 410.7
     beta: float = 0.28
+    initial: float | None = None
 
     def loss(self, params: float, tokens: float) -> float:
-        return self.floor(params) + self.b / power(max(tokens, 1.0), self.beta)
+        fitted = self.floor(params) + self.b / power(max(tokens, 1.0), self.beta)
+        return fitted if self.initial is None else min(fitted, self.initial)
 
     def floor(self, params: float) -> float:
         """The loss after infinitely many tokens: no target at or below it is ever reached."""
@@ -139,26 +154,49 @@ class CalibratedCriticalBatch:
 
 @dataclass(frozen=True)
 class NoiseEstimate:
-    """The noise scale the planner is given, from the true critical batch B_crit (samples):
+    """How the noise scale the planner is given departs from the truth (samples):
 
-        b_noise = m · ε · B_crit / c
+        b_noise = m · ε · B_crit(loss `lag` samples ago) / c
 
-    m the mapping error (how far the planner's c × B_noise is off the true critical batch),
-    c the planner's critical factor, ε the estimate's relative noise: lognormal, ε = exp(σ z),
-    or gaussian, ε = max(1 + σ z, 0.01), z ~ N(0, 1) from a generator seeded with `seed`."""
+    - lag: the live estimate is an EMA whose half-life is `half_life_share` of the samples seen,
+      at least `min_half_life` reference batches (`copus.core.gns.Horizon`, the product's
+      defaults 0.05 and 8); its mean age, h / ln 2, is how far behind the present it reads.
+    - m, the mapping error: how far the planner's c × B_noise is off the true critical batch
+      (c the planner's critical factor).
+    - ε, the estimate's relative noise, exp(σ z) (lognormal) or max(1 + σ z, 0.01) (gaussian),
+      z ~ N(0, 1) from a generator seeded with `seed`, an AR(1) over decisions: an EMA's error
+      persists, so z keeps the correlation 0.5^(samples between two decisions / h) that the
+      average's own weights give.
+
+    Defaults from the trade-off workload (`bench/noise_tracking.py`, the live estimate against
+    B_noise measured at fixed weights at 320, 1280, 3840 and 9600 samples): ratios 0.47, 0.72,
+    1.14, 1.31, median 0.93 (the lag's ~7% for a noise scale growing as the samples), sd of log
+    0.45, part of which is the fixed-weight measurement's own noise: σ = 0.35. c = B_crit / live
+    estimate read 1.1, 3.0, 0.6 and 6.0 there, geometric mean 1.9 against the configured 2: m = 1.
+    `half_life_share` 0 with `min_half_life` 0 and `noise` 0 is the oracle (the planner reads
+    the present truth)."""
 
     mapping_error: float = 1.0
-    noise: float = 0.0
+    noise: float = 0.35
     distribution: str = "lognormal"
     seed: int = 0
+    half_life_share: float = 0.05
+    min_half_life: float = 8.0  # reference batches
 
     def rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
 
-    def factor(self, rng: np.random.Generator) -> float:
+    def half_life(self, samples: float, reference_gbs: float) -> float:
+        return max(self.half_life_share * samples, self.min_half_life * reference_gbs)
+
+    def lag(self, samples: float, reference_gbs: float) -> float:
+        """Samples the estimate trails the present by: the EMA's mean age, h / ln 2."""
+        return self.half_life(samples, reference_gbs) / math.log(2)
+
+    def relative_error(self, z: float) -> float:
+        """ε of a standard normal draw z."""
         if self.noise <= 0:
             return 1.0
-        z = float(rng.standard_normal())
         if self.distribution == "lognormal":
             return math.exp(self.noise * z)
         if self.distribution == "gaussian":
@@ -167,38 +205,144 @@ class NoiseEstimate:
             f"estimate.distribution: unknown distribution {self.distribution!r} (known: lognormal, gaussian)"
         )
 
-    def b_noise(self, b_crit: float, critical_factor: float, rng: np.random.Generator) -> float:
-        return b_crit * self.mapping_error * self.factor(rng) / critical_factor
+    def factor(self, rng: np.random.Generator) -> float:
+        """ε of an independent draw."""
+        return self.relative_error(float(rng.standard_normal())) if self.noise > 0 else 1.0
+
+
+class LiveEstimate:
+    """The noise scale one run's controller reads, decision after decision (`NoiseEstimate`):
+    the lagged truth, the mapping error and the autocorrelated relative noise."""
+
+    def __init__(self, estimate: NoiseEstimate, critical_factor: float, reference_gbs: float):
+        self.estimate, self.critical_factor, self.reference_gbs = estimate, critical_factor, reference_gbs
+        self.rng = estimate.rng()
+        self.z: float | None = None  # the AR(1) state, None before the first draw
+        self.samples_then = 0.0  # samples seen at the previous draw
+
+    def _error(self, samples: float) -> float:
+        if self.estimate.noise <= 0:
+            return 1.0
+        fresh = float(self.rng.standard_normal())
+        if self.z is None:
+            self.z = fresh
+        else:
+            h = self.estimate.half_life(samples, self.reference_gbs)
+            rho = 0.5 ** ((samples - self.samples_then) / h) if h > 0 else 0.0
+            self.z = rho * self.z + math.sqrt(1.0 - rho * rho) * fresh
+        self.samples_then = samples
+        return self.estimate.relative_error(self.z)
+
+    def read(self, model: TrainingModel) -> float:
+        s = model.samples
+        lagged = model.b_crit_at(s - self.estimate.lag(s, self.reference_gbs))
+        return self.estimate.mapping_error * self._error(s) * lagged / self.critical_factor
+
+
+@dataclass(frozen=True)
+class LrTransient:
+    """The first steps after a GBS change make less progress: AdamW's second moments were set
+    at the old batch's gradient noise and the √ LR rule jumps the step size, so the update is
+    mis-scaled until the moments re-adapt, ~1/(1 - β2) = 20 steps at β2 = 0.95. A step k < `steps`
+    after a change counts for 1 - depth (1 - `efficiency`)(1 - k / `steps`) of its progress,
+    depth = |log2(new GBS / old GBS)| at most 1: a doubling or more costs the whole transient,
+    a ramp's small increment a share of it. Our assumption, not a measurement."""
+
+    steps: int = 20
+    efficiency: float = 0.5
+
+    @staticmethod
+    def depth(old_gbs: int, new_gbs: int) -> float:
+        return min(1.0, abs(math.log2(new_gbs / old_gbs)))
+
+    def factor(self, since_change: int, depth: float) -> float:
+        if since_change >= self.steps or depth <= 0:
+            return 1.0
+        return 1.0 - depth * (1.0 - self.efficiency) * (1.0 - since_change / self.steps)
+
+    def residual(self, since_change: int, depth: float) -> float:
+        """What is left of a transient's depth `since_change` steps into it."""
+        return depth * max(0.0, 1.0 - since_change / self.steps) if self.steps > 0 else 0.0
 
 
 @dataclass
 class TrainingModel:
     """The statistical truth of a simulated run: effective tokens seen, loss, critical batch.
     A step of B samples is worth B · B_crit / (B_crit + B) samples at a vanishingly small
-    batch (McCandlish et al. 2018, E(B) = E_min (1 + B / B_crit), B_crit at the current loss):
-    nothing of the planner's form or critical factor enters, so the truth does not follow
-    what the planner believes, nor depend on where a policy starts."""
+    batch (McCandlish et al. 2018, E(B) = E_min (1 + B / B_crit), B_crit at the current loss),
+    less during an LR transient after a GBS change (`LrTransient`): nothing of the planner's
+    form or critical factor enters, so the truth does not follow what the planner believes, nor
+    depend on where a policy starts. With `keep_history` it remembers the effective tokens after
+    every step, for the critical batch the run had earlier (`b_crit_at`, the estimate's lag)."""
 
     params: float
     seq_len: int
     curve: LossCurve = field(default_factory=LossCurve)
     critical: CriticalBatch | CalibratedCriticalBatch = field(default_factory=CriticalBatch)
+    transient: LrTransient = field(default_factory=LrTransient)
+    keep_history: bool = False
     tokens: float = (
         0.0  # effective tokens: tokens at a vanishingly small batch that would have brought the same progress
     )
+    samples: int = 0  # samples actually trained on
+
+    def __post_init__(self):
+        self._gbs: int | None = None  # the previous step's GBS
+        self._since_change = 0
+        self._depth = 0.0
+        # Compact: a run keeps millions of steps' history.
+        self._history_samples = array("d", [float(self.samples)])
+        self._history_tokens = array("d", [self.tokens])
+        self._floor = self.curve.floor(self.params)  # a step costs microseconds: computed once
+        self._cap = self.curve.initial if self.curve.initial is not None else math.inf
+
+    def loss_of(self, tokens: float) -> float:
+        """`curve.loss` at these effective tokens (its floor computed once)."""
+        return min(self._floor + self.curve.b / power(max(tokens, 1.0), self.curve.beta), self._cap)
 
     @property
     def loss(self) -> float:
-        return self.curve.loss(self.params, self.tokens)
+        return self.loss_of(self.tokens)
 
     @property
     def b_crit(self) -> float:
         """The true critical batch in samples (sequences) at the current loss."""
-        return self.critical.tokens(self.loss) / self.seq_len
+        return self.b_crit_of(self.tokens)
+
+    def b_crit_of(self, tokens: float) -> float:
+        return self.critical.tokens(self.loss_of(tokens)) / self.seq_len
+
+    def b_crit_at(self, samples: float) -> float:
+        """The true critical batch when the run had seen `samples` samples (interpolated between
+        steps, held at the start before 0 and at the present beyond it): needs `keep_history`."""
+        xs, ys = self._history_samples, self._history_tokens
+        if not self.keep_history or samples >= xs[-1]:
+            return self.b_crit
+        i = bisect_right(xs, samples)
+        if i == 0:
+            return self.b_crit_of(ys[0])
+        share = (samples - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return self.b_crit_of(ys[i - 1] + share * (ys[i] - ys[i - 1]))
+
+    def _transient_factor(self, gbs: int) -> float:
+        if self._gbs is not None and gbs != self._gbs:
+            left = self.transient.residual(self._since_change, self._depth)
+            self._depth = min(1.0, left + self.transient.depth(self._gbs, gbs))
+            self._since_change = 0
+        self._gbs = gbs
+        factor = self.transient.factor(self._since_change, self._depth)
+        self._since_change += 1
+        return factor
 
     def step(self, gbs: int) -> None:
-        b_crit = self.b_crit
-        self.tokens += gbs * self.seq_len * b_crit / (b_crit + gbs)
+        b_crit = self.b_crit_of(self.tokens)
+        steady = gbs == self._gbs and self._since_change >= self.transient.steps
+        progress = gbs * self.seq_len * b_crit / (b_crit + gbs)
+        self.tokens += progress if steady else progress * self._transient_factor(gbs)
+        self.samples += gbs
+        if self.keep_history:
+            self._history_samples.append(self.samples)
+            self._history_tokens.append(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -312,33 +456,45 @@ class Setting:
     interval_s: float = 600.0
     reconfigure: str = "in_place"
     costs: ReconfigurationCosts = ReconfigurationCosts()
-    curve: LossCurve = LossCurve()  # the truth: loss curve and critical batch
+    curve: LossCurve = LossCurve()  # the truth: loss curve (initial None: ln(vocab)) and critical batch
     critical: CriticalBatch | CalibratedCriticalBatch = CriticalBatch()
+    transient: LrTransient = LrTransient()  # the truth's progress lost after a GBS change
     estimate: NoiseEstimate = NoiseEstimate()  # what the planner is told of the truth
     max_hours: float = 24.0 * 60
     layouts: tuple[tuple[int, int, int], ...] | None = None
     dp_shard: tuple[str, ...] = ("none", "optimizer", "full")  # what the planner may choose besides the layout
     recompute: tuple[str, ...] = ("none", "selective", "full")
+    ramp: BatchRamp | None = None  # the ramp policy's schedule
+
+    def truth_curve(self) -> LossCurve:
+        """The loss curve the truth follows: capped at ln(vocab) unless the setting names a cap."""
+        return (
+            self.curve
+            if self.curve.initial is not None
+            else replace(self.curve, initial=math.log(self.shape.vocab_size))
+        )
 
 
-# The most steps and planner decisions one simulated run takes: far above the paper's settings
-# (about 75,000 steps and 250 decisions), few enough that any setting ends within seconds (a
-# step costs microseconds, a decision the planner makes about a millisecond; a static policy's
+# The most steps and planner decisions one simulated run takes: above the paper's settings (a
+# 3B model at GBS 8 to loss 2.3 takes about 2.5 million steps; COPUS about 100,000-1,000,000
+# steps and 2,500 decisions), few enough that any setting ends within seconds (a step costs
+# a microsecond or two, a decision the planner makes about a millisecond; a static policy's
 # "nothing to decide" costs nothing and is not counted). A run stopped there has not reached
 # the target; `SimResult.stopped` says why.
-MAX_STEPS = 1_000_000
+MAX_STEPS = 3_000_000
 MAX_DECISIONS = 5_000
 
 
-def search_space(s: Setting, gbs_min: int | None = None) -> tuple[list[CandidateConfig], np.ndarray]:
-    """Memory-feasible candidates and their samples/s on the modelled cluster (GBS from
-    `gbs_min`, default the setting's)."""
+def search_space(
+    s: Setting, gbs_min: int | None = None, gbs_values: list[int] | None = None
+) -> tuple[list[CandidateConfig], np.ndarray]:
+    """Memory-feasible candidates and their samples/s on the modelled cluster (GBS of the grid
+    from `gbs_min`, default the setting's, to the setting's largest; or exactly `gbs_values`)."""
     layouts = list(s.layouts) if s.layouts else valid_layouts(s.cluster.world, s.shape)
+    grid = gbs_values if gbs_values is not None else gbs_grid(gbs_min or s.gbs_min, s.gbs_max)
     cands = [
         c
-        for c in candidates(
-            layouts, list(s.mbs), gbs_grid(gbs_min or s.gbs_min, s.gbs_max), s.shape, s.dp_shard, s.recompute
-        )
+        for c in candidates(layouts, list(s.mbs), grid, s.shape, s.dp_shard, s.recompute)
         if memory_fits(s.cluster, s.shape, s.seq_len, c)
     ]
     if not cands:
@@ -353,6 +509,27 @@ def make_planner(s: Setting, cands: list[CandidateConfig], throughputs: np.ndarr
     )
 
 
+def admits_ramp(cfg: CandidateConfig, ramp: BatchRamp, shape: ModelShape) -> bool:
+    """Whether `cfg`'s layout and MBS can train every GBS of `ramp`: each a multiple of dp × MBS
+    (their gcd is), the smallest with at least pp micro-batches (the larger then have more)."""
+    gbs_values = [g for _, g in ramp.points]
+    smallest = min(gbs_values)
+    return math.gcd(*gbs_values) % (cfg.dp * cfg.mbs) == 0 and not layout_problems(
+        cfg.dp, cfg.tp, cfg.pp, shape, None, smallest, cfg.mbs
+    )
+
+
+def ramp_config(s: Setting, ramp: BatchRamp) -> CandidateConfig:
+    """Where a ramp trains, as Megatron-LM's: one layout and MBS for the whole run, the ones of
+    best throughput at the ramp's final GBS (where most of a run's samples go) among those that
+    admit every GBS of the ramp; only the micro-batches per step change."""
+    cands, throughputs = search_space(s, gbs_values=[ramp.final_gbs])
+    fit = [i for i, c in enumerate(cands) if admits_ramp(c, ramp, s.shape)]
+    if not fit:
+        raise ValueError(f"ramp: no configuration of the search space admits every GBS of the ramp ({ramp.describe()})")
+    return replace(cands[max(fit, key=lambda i: throughputs[i])], gbs=ramp.start_gbs)
+
+
 @dataclass
 class SimResult:
     policy: str
@@ -363,8 +540,20 @@ class SimResult:
     final_loss: float
     start: CandidateConfig
     final: CandidateConfig
-    timeline: list[dict]  # (time, loss, b_crit, b_noise, gbs, layout) about every decision interval
+    timeline: list[dict]  # (time, samples, loss, b_crit, b_noise, gbs, layout) about every decision interval
     stopped: str | None = None  # why a run that did not reach the target ended: max_hours, max_steps, max_decisions
+
+    @property
+    def replica_changes(self) -> int:
+        """Changes of the replica (the planner's kind "layout": the 3D layout, sharding or
+        recomputation), not of GBS or MBS alone."""
+        return sum(c["change"] == "layout" for c in self.reconfigurations)
+
+    @property
+    def layout_changes(self) -> int:
+        """Changes of the 3D layout itself (dp, tp, pp): what the COPUS paper calls one."""
+        mesh = lambda c: (c["dp"], c["tp"], c["pp"])  # noqa: E731 - a small key
+        return sum(mesh(c["from"]) != mesh(c["to"]) for c in self.reconfigurations)
 
     def as_dict(self) -> dict:
         return {
@@ -372,6 +561,8 @@ class SimResult:
             "steps": self.steps,
             "samples": self.samples,
             "reconfigurations": len(self.reconfigurations),
+            "layout_changes": self.layout_changes,
+            "replica_changes": self.replica_changes,
             "changes": self.reconfigurations,
             "final_loss": self.final_loss,
             "start": self.start.as_dict(),
@@ -380,60 +571,137 @@ class SimResult:
         }
 
 
-def _timeline_point(t: float, model: TrainingModel, b_noise: float, current: CandidateConfig) -> dict:
-    """Where the simulated run stands at a decision: loss, true critical batch, the noise scale the
-    policy saw, and the configuration it trains in."""
-    return {
-        "t": t,
-        "loss": model.loss,
-        "b_crit": model.b_crit,
-        "b_noise": b_noise,
-        "gbs": current.gbs,
-        "layout": current.label(),
-    }
+class _Run:
+    """One simulated run in progress: the truth, the clock, the configuration and its changes."""
+
+    def __init__(self, s: Setting, policy: str, start: CandidateConfig, first: CandidateConfig, step_times: dict):
+        self.s, self.policy, self.start, self.current = s, policy, start, first
+        # Only a policy that reads the noise estimate needs the run's past (the estimate's lag).
+        self.reads = policy not in SCHEDULED
+        self.model = TrainingModel(
+            s.shape.param_count(), s.seq_len, s.truth_curve(), s.critical, s.transient, keep_history=self.reads
+        )
+        self.step_times = dict(step_times)  # seconds by configuration; a ramp adds GBS off the grid
+        self.t, self.steps, self.decided = 0.0, 0, 0
+        self.limit = s.max_hours * 3600
+        self.changes: list[dict] = []
+        self.timeline = [self.point(float("nan"))]
+
+    def going(self) -> bool:
+        return (
+            self.model.loss > self.s.target_loss
+            and self.t < self.limit
+            and self.steps < MAX_STEPS
+            and self.decided < MAX_DECISIONS
+        )
+
+    def train_step(self) -> None:
+        seconds = self.step_times.get(self.current)
+        if seconds is None:
+            seconds = self.step_times[self.current] = step_time(
+                self.s.cluster, self.s.shape, self.s.seq_len, self.current
+            )
+        self.t += seconds
+        self.model.step(self.current.gbs)
+        self.steps += 1
+
+    def point(self, b_noise: float) -> dict:
+        """Where the run stands: loss, true critical batch, the noise scale the policy saw (NaN for
+        a policy that reads none), and the configuration it trains in."""
+        m, c = self.model, self.current
+        where = {"t": self.t, "samples": m.samples, "loss": m.loss, "b_crit": m.b_crit}
+        return where | {"b_noise": b_noise, "gbs": c.gbs, "layout": c.label()}
+
+    def switch(self, target: CandidateConfig, kind: str, downtime: float, **why) -> None:
+        self.changes.append(
+            {"t": self.t, "samples": self.model.samples, "from": self.current.as_dict(), "to": target.as_dict()}
+            | {"change": kind, "downtime_s": downtime, "b_crit": self.model.b_crit}
+            | why
+        )
+        self.t += downtime
+        self.current = target
+
+    def stopped(self) -> str | None:
+        """Why a run that did not reach the target ended; None when it did."""
+        if self.model.loss <= self.s.target_loss:
+            return None
+        if self.t >= self.limit:
+            return "max_hours"
+        return "max_steps" if self.steps >= MAX_STEPS else "max_decisions"
+
+    def result(self) -> SimResult:
+        m, stopped = self.model, self.stopped()
+        reached = stopped is None
+        return SimResult(
+            self.policy,
+            self.t if reached else None,
+            self.steps,
+            m.samples,
+            self.changes,
+            m.loss,
+            self.start,
+            self.current,
+            self.timeline,
+            stopped,
+        )
+
+
+def _follow_policy(run: _Run, plan) -> None:
+    """Train and, every `interval_s` of simulated time, let the policy decide on the noise scale
+    its controller would read (`LiveEstimate`), through `copus.core.policies.decide`."""
+    s = run.s
+    estimate = LiveEstimate(s.estimate, s.critical_factor, s.start.gbs) if run.reads else None
+    costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
+    next_decision = s.interval_s
+    while run.going():
+        run.train_step()
+        if run.t < next_decision:
+            continue
+        next_decision = run.t + s.interval_s
+        b_noise = estimate.read(run.model) if estimate is not None else float("nan")
+        run.timeline.append(run.point(b_noise))
+        d = policies.decide(run.policy, plan, run.current, b_noise, s.interval_s, costs)
+        run.decided += d is not None
+        if d is not None and d.switch:
+            run.switch(
+                d.target, d.kind, costs.of(run.current, d.target), b_noise=b_noise, predicted_gain=d.predicted_gain
+            )
+
+
+def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:
+    """Train with the GBS the ramp gives the samples seen; the layout and MBS stay, so every
+    change is made in place at no cost (as `copus.core.ramp.ramp_order`)."""
+    points, k = ramp.points, 0
+    next_point = run.s.interval_s
+    while run.going():
+        run.train_step()
+        while k + 1 < len(points) and run.model.samples >= points[k + 1][0]:
+            k += 1
+        if points[k][1] != run.current.gbs:
+            run.switch(replace(run.current, gbs=points[k][1]), "gbs", 0.0, reason="ramp")
+        if run.t >= next_point:
+            next_point = run.t + run.s.interval_s
+            run.timeline.append(run.point(float("nan")))
 
 
 def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.ndarray] | None = None) -> SimResult:
     """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
     The truth (`TrainingModel`) advances every step; at every decision the policy sees the
-    noise-scale estimate `s.estimate` draws from the true critical batch."""
+    noise-scale estimate `s.estimate` draws from the truth. `ramp` follows `s.ramp`."""
     cands, throughputs = space or search_space(s)
-    plan = make_planner(s, cands, throughputs)
     step_times = {c: c.gbs / t for c, t in zip(cands, throughputs)}
+    if policy == "ramp":
+        if s.ramp is None:
+            raise ValueError("policies: 'ramp' needs a ramp schedule (the simulation YAML's ramp section)")
+        first = ramp_config(s, s.ramp)
+        run = _Run(s, policy, first, first, step_times)
+        _follow_ramp(run, s.ramp)
+        return run.result()
+    plan = make_planner(s, cands, throughputs)
     start = s.start if s.start in step_times else min(cands, key=lambda c: abs(math.log(c.gbs / s.start.gbs)))
-    current = policies.initial_config(policy, plan, start, "best")
-    model = TrainingModel(s.shape.param_count(), s.seq_len, s.curve, s.critical)
-    rng = s.estimate.rng()
-    costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
-    t, steps, samples, next_decision, limit = 0.0, 0, 0, s.interval_s, s.max_hours * 3600
-    changes: list[dict] = []
-    timeline = [_timeline_point(0.0, model, float("nan"), current)]
-    decided = 0
-    while model.loss > s.target_loss and t < limit and steps < MAX_STEPS and decided < MAX_DECISIONS:
-        t += step_times[current]
-        model.step(current.gbs)
-        steps += 1
-        samples += current.gbs
-        if t < next_decision:
-            continue
-        next_decision = t + s.interval_s
-        b_noise = s.estimate.b_noise(model.b_crit, s.critical_factor, rng)
-        timeline.append(_timeline_point(t, model, b_noise, current))
-        d = policies.decide(policy, plan, current, b_noise, s.interval_s, costs)
-        decided += d is not None
-        if d is not None and d.switch:
-            downtime = costs.of(current, d.target)
-            changes.append(
-                {"t": t, "from": current.as_dict(), "to": d.target.as_dict(), "change": d.kind, "downtime_s": downtime}
-                | {"b_noise": b_noise, "b_crit": model.b_crit, "predicted_gain": d.predicted_gain}
-            )
-            t += downtime
-            current = d.target
-    reached = model.loss <= s.target_loss
-    stopped = None if reached else "max_hours" if t >= limit else "max_steps" if steps >= MAX_STEPS else "max_decisions"
-    return SimResult(
-        policy, t if reached else None, steps, samples, changes, model.loss, start, current, timeline, stopped
-    )
+    run = _Run(s, policy, start, policies.initial_config(policy, plan, start, "best"), step_times)
+    _follow_policy(run, plan)
+    return run.result()
 
 
 def best_layout_by_gbs(s: Setting) -> list[dict]:

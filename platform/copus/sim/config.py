@@ -2,9 +2,10 @@
 into the simulator's plain `Setting` at the edge. Problems are one line naming the field.
 
 Two sides are kept apart: `training` is the truth the simulated run follows (a loss curve and
-the critical batch, from the published fits or from a `copus calibrate` file), `policy` and
-`estimate` are what the planner believes and is told (its SE form and critical factor; the
-noise scale it sees, off from the truth by `estimate.mapping_error` and `estimate.noise`)."""
+the critical batch, from the published fits or from a `copus calibrate` file; the progress lost
+after a GBS change), `policy` and `estimate` are what the planner believes and is told (its SE
+form and critical factor; the noise scale it sees: lagged, off from the truth by
+`estimate.mapping_error` and `estimate.noise`). `protocol` adds the tuned baselines and seeds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -31,12 +32,15 @@ from copus.core.datasheets import NODES
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
+from copus.core.ramp import BatchRamp
+from copus.core.sim_protocol import RAMP_LENGTHS
 from copus.core.simulator import (
     MAX_STEPS,
     CalibratedCriticalBatch,
     Cluster,
     CriticalBatch,
     LossCurve,
+    LrTransient,
     NoiseEstimate,
     ReconfigurationCosts,
     Setting,
@@ -91,6 +95,9 @@ class SimLossCurve(Section):
     alpha: float = Field(0.34, gt=0.0)
     b: float = Field(410.7, ge=0.0)
     beta: float = Field(0.28, gt=0.0)
+    # The loss at zero data, where the fitted form diverges; default ln(vocabulary size), an
+    # untrained model's uniform prediction (copus.core.simulator.LossCurve).
+    initial: float | None = Field(None, gt=0.0)
 
 
 class SimCriticalBatch(Section):
@@ -106,6 +113,10 @@ class SimTraining(Section):
 
     target_loss: float = Field(gt=0.0)
     max_hours: float = Field(24.0 * 60, gt=0.0)  # simulated time limit
+    # After a GBS change the first transient_steps steps make less progress, from
+    # transient_efficiency back up to 1 (copus.core.simulator.LrTransient; our assumption).
+    transient_steps: int = Field(20, ge=0)  # ~1 / (1 - AdamW's beta2 0.95)
+    transient_efficiency: float = Field(0.5, gt=0.0, le=1.0)
     loss_curve: SimLossCurve = SimLossCurve()
     critical_batch: SimCriticalBatch = SimCriticalBatch()
     calibration: LocalPath | None = None
@@ -118,13 +129,63 @@ class SimTraining(Section):
 
 
 class SimEstimate(Section):
-    """The noise scale the planner sees: b_noise = mapping_error × ε × B_crit / c, ε the
-    estimate's relative noise (`noise` its σ, seeded by `seed`), c = policy.critical_factor."""
+    """The noise scale the planner sees: b_noise = mapping_error × ε × B_crit(lagged) / c, the
+    true critical batch the run had the estimate's mean age ago (an EMA of half-life
+    half_life_share × samples seen, at least min_half_life reference batches: batch.gbs), ε the
+    estimate's relative noise (`noise` its σ, autocorrelated over decisions as the EMA's error,
+    seeded by `seed`), c = policy.critical_factor. Defaults from the live estimate measured
+    against fixed-weight measurements (copus.core.simulator.NoiseEstimate); half_life_share 0,
+    min_half_life 0 and noise 0 are the oracle."""
 
     mapping_error: float = Field(1.0, gt=0.0)
-    noise: float = Field(0.0, ge=0.0, le=10.0)  # sigma: at 10 the estimate is already off by e^10 at one z
+    noise: float = Field(0.35, ge=0.0, le=10.0)  # sigma: at 10 the estimate is already off by e^10 at one z
     distribution: Literal["lognormal", "gaussian"] = "lognormal"
     seed: Seed = 0
+    half_life_share: float = Field(0.05, ge=0.0, le=1.0)  # gns.half_life_share
+    min_half_life: float = Field(8.0, ge=0.0)  # gns.min_half_life, in reference batches (batch.gbs)
+
+
+class SimRamp(Section):
+    """The `ramp` policy's schedule (copus.core.ramp): Megatron's linear ramp from start_gbs by
+    increment over `samples` to final_gbs, or a table [[samples, gbs], ...] from 0 samples. It
+    trains in the configuration of best throughput at the final GBS that admits every GBS of it."""
+
+    start_gbs: PositiveInt | None = None
+    increment: PositiveInt | None = None
+    samples: PositiveInt | None = None
+    final_gbs: PositiveInt | None = None
+    table: list[tuple[Annotated[int, Field(ge=0)], PositiveInt]] | None = Field(None, min_length=1)
+
+    def schedule(self) -> BatchRamp:
+        if self.table is not None:
+            return BatchRamp.from_table(self.table)
+        return BatchRamp.linear(self.start_gbs, self.increment, self.samples, self.final_gbs)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "SimRamp":
+        linear = {"start_gbs": self.start_gbs, "increment": self.increment, "samples": self.samples}
+        linear["final_gbs"] = self.final_gbs
+        given = [k for k, v in linear.items() if v is not None]
+        if self.table is not None and given:
+            raise FieldProblem(f"ramp.{given[0]}", "give start_gbs, increment, samples and final_gbs, or a table")
+        missing = [k for k, v in linear.items() if v is None]
+        if self.table is None and missing:
+            raise FieldProblem(f"ramp.{missing[0]}", "required (or give ramp.table: [[samples, gbs], ...])")
+        try:
+            self.schedule()
+        except ValueError as err:
+            raise FieldProblem("ramp.table" if self.table is not None else "ramp", str(err)) from None
+        return self
+
+
+class SimProtocol(Section):
+    """The comparison protocol (copus.core.sim_protocol): tuned static over every GBS of the
+    grid, tuned ramp over the grid's final GBS and `ramp_lengths` (shares of the samples the
+    target takes at a vanishingly small batch), every other policy over `seeds` seeds of the
+    estimation noise (estimate.seed, +1, ...)."""
+
+    seeds: int = Field(5, ge=1, le=50)
+    ramp_lengths: list[Annotated[float, Field(gt=0.0, le=10.0)]] = Field(list(RAMP_LENGTHS), min_length=1)
 
 
 class SimPaper(Section):
@@ -148,6 +209,8 @@ class SimConfig(Section):
     training: SimTraining
     estimate: SimEstimate = SimEstimate()
     policies: list[PolicyName] = Field(list(DEFAULT_SUITE), min_length=1)
+    ramp: SimRamp | None = None  # the ramp policy's schedule
+    protocol: SimProtocol | None = None  # None: the policies at estimate.seed only
     paper: SimPaper = SimPaper()
 
     @model_validator(mode="after")
@@ -162,6 +225,8 @@ class SimConfig(Section):
             )
         if len(set(self.policies)) != len(self.policies):
             raise FieldProblem("policies", f"list each policy once (got {self.policies})")
+        if "ramp" in self.policies and self.ramp is None:
+            raise FieldProblem("policies", "'ramp' needs the ramp section (start_gbs, increment, samples, final_gbs)")
         world = NODES[self.cluster.node].accelerators_per_node * self.cluster.nodes
         start = self.parallel or SimParallel(dp=world)
         problems = layout_problems(
@@ -278,9 +343,11 @@ def setting_from(cfg: SimConfig) -> Setting:
         costs=ReconfigurationCosts(c.in_place_fixed_s, c.restart_fixed_s, c.storage_gb_per_s * 1e9),
         curve=LossCurve(**t.loss_curve.model_dump()),
         critical=critical_batch_of(cfg),
+        transient=LrTransient(t.transient_steps, t.transient_efficiency),
         estimate=NoiseEstimate(**cfg.estimate.model_dump()),
         max_hours=t.max_hours,
         layouts=tuple(tuple(x) for x in cfg.search.layouts) if cfg.search.layouts else None,
         dp_shard=tuple(cfg.search.dp_shard),
         recompute=tuple(cfg.search.recompute),
+        ramp=cfg.ramp.schedule() if cfg.ramp is not None else None,
     )

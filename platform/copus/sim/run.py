@@ -1,12 +1,16 @@
 """`copus simulate`: every policy of a simulation YAML on the modelled cluster, time to target
 per policy, COPUS's speedup over the fastest baseline beside the paper's, and the
 throughput-optimal layout for each GBS. The output names where the training truth comes
-from and how far the planner's noise-scale estimate is off it (`estimate`)."""
+from and how far the planner's noise-scale estimate is off it (`estimate`). With a `protocol`
+section, also the tuned baselines and every policy over several seeds of the estimation noise
+(`copus.core.sim_protocol`), summed up in `protocol`: COPUS's layout changes, its time against
+the best baseline and against copus-gbs."""
 
 from __future__ import annotations
 
 from copus.core.comparison import summarize
 from copus.core.layout import CandidateConfig
+from copus.core.sim_protocol import run_protocol
 from copus.core.simulator import best_layout_by_gbs, search_space, simulate
 from copus.sim.config import SimConfig, setting_from
 
@@ -54,7 +58,15 @@ def run_simulation(cfg: SimConfig) -> dict:
         "estimate": cfg.estimate.model_dump(),
         "mapping_error": cfg.estimate.mapping_error,
         "best_layout_by_gbs": best_layout_by_gbs(setting),
+        "protocol": _protocol(cfg, setting, space, results),
     }
+
+
+def _protocol(cfg: SimConfig, setting, space, results: dict) -> dict | None:
+    p = cfg.protocol
+    if p is None:
+        return None
+    return run_protocol(setting, space, list(cfg.policies), p.seeds, tuple(p.ramp_lengths), first=results)
 
 
 def _hours(seconds: float | None, stopped: str | None = None) -> str:
@@ -74,6 +86,65 @@ def _truth_line(result: dict) -> str:
         f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
         f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}"
     )
+
+
+def _spread_text(spread: dict) -> str:
+    """A speedup over seeds: mean, sd and each seed's."""
+    if spread["mean"] is None:
+        return "n/a"
+    each = ", ".join(f"{x:+.1%}" for x in spread["per_seed"])
+    return f"{spread['mean']:+.1%} (sd {spread['sd']:.1%}; per seed {each})"
+
+
+def _count_text(spread: dict) -> str:
+    """A count over seeds: mean and each seed's."""
+    if spread["mean"] is None:
+        return "n/a"
+    return f"{spread['mean']:g} (per seed {', '.join(f'{x:g}' for x in spread['per_seed'])})"
+
+
+def _tuned_lines(protocol: dict) -> list[str]:
+    static, ramp = protocol["tuned-static"], protocol["tuned-ramp"]
+    lines = []
+    if static["time_to_target_s"] is not None:
+        config = CandidateConfig.from_dict(static["choice"]["config"]).label()
+        lines.append(f"  tuned static: {_hours(static['time_to_target_s'])} at {config} (every GBS of the grid tried)")
+    if ramp["time_to_target_s"] is not None:
+        c = ramp["choice"]
+        lines.append(
+            f"  tuned ramp:   {_hours(ramp['time_to_target_s'])}, GBS {c['start_gbs']} to {c['final_gbs']} by "
+            f"{c['increment']} over {c['samples']:,} samples in {CandidateConfig.from_dict(c['config']).shape_label()}"
+        )
+    return lines
+
+
+def protocol_text(protocol: dict) -> list[str]:
+    """The protocol's summary lines: every policy's mean time, COPUS's layout changes, its time
+    against the best baseline and copus-gbs, and the layout's share of the gain."""
+    seeds = protocol["seeds"]
+    lines = [
+        "",
+        f"protocol: {len(seeds)} seeds of the estimation noise ({seeds[0]}..{seeds[-1]}); static and ramp read no "
+        "estimate, so their tuning is exact",
+        *_tuned_lines(protocol),
+    ]
+    vs = protocol["copus_vs_each_baseline"]
+    for policy, stats in protocol["policies"].items():
+        sd = stats["time_to_target_std_s"]
+        spread = f" (sd {sd / 3600:.2f} h)" if sd else ""
+        against = f"   copus {_pct(vs[policy])}" if vs.get(policy) is not None else ""
+        lines.append(f"  {policy:<16} {_hours(stats['time_to_target_s'], None)}{spread:<14}{against}".rstrip())
+    share = protocol["layout_share_of_gain"]
+    lines += [
+        f"copus layout changes per run (dp x tp x pp): {_count_text(protocol['copus_layout_changes'])}; "
+        f"with sharding or recomputation: {_count_text(protocol['copus_replica_changes'])}",
+        f"copus vs best baseline ({protocol['best_baseline']}): {_spread_text(protocol['copus_vs_best_baseline'])}",
+        f"copus vs copus-gbs (the layout's gain): {_spread_text(protocol['copus_vs_copus_gbs'])}",
+        f"copus-gbs vs best baseline: {_spread_text(protocol['copus_gbs_vs_best_baseline'])}; share of copus's "
+        f"gain over the best baseline from the layout: {f'{share:.0%}' if share is not None else 'n/a (no gain)'}",
+        f"copus ahead of every baseline: {'yes' if protocol['copus_ahead_of_every_baseline'] else 'no'}",
+    ]
+    return lines
 
 
 def simulation_text(result: dict) -> str:
@@ -105,4 +176,6 @@ def simulation_text(result: dict) -> str:
         mark = "" if previous in (None, layout) else "   <- the best layout changes"
         lines.append(f"  gbs {row['gbs']:>5}: {layout:<40} {row['samples_per_s']:8.1f} samples/s{mark}")
         previous = layout
+    if result.get("protocol"):
+        lines += protocol_text(result["protocol"])
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from copus.core.gns import b_noise_interval
 from copus.train.checkpoint import load_checkpoint
 from copus.train.data import replica_batch
 from copus.train.plan import WorkerPlan
@@ -24,6 +25,7 @@ def measure_gns(plan: WorkerPlan, steps: int, resume_from: Path | None = None) -
     gns = attach_gns(model, optimizer, plan)
     if gns is None:
         raise ValueError("gns.enabled: must be true to measure the gradient noise scale")
+    norms = []
     for _ in range(steps):
         batch = replica_batch(stream.next_global_batch(plan.gbs), model.dp_rank, plan.dp, plan.mbs)
         inputs, targets = stream.windows.batch(batch.sample_indices)
@@ -36,11 +38,15 @@ def measure_gns(plan: WorkerPlan, steps: int, resume_from: Path | None = None) -
             )
         n = model.last_norms
         gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big)
+        norms.append((n.sq_small, n.b_small, n.sq_big, n.b_big))
         for p in model.params:
             p.grad = None
     model.probe.close()
+    low, high = b_noise_interval(norms)
     return {
         "b_noise": gns.b_noise,
+        "b_noise_low": low,  # 95% bootstrap interval over the steps
+        "b_noise_high": high,
         "grad_sqr": gns.grad_sqr,
         "grad_var": gns.grad_var,
         "steps": steps,

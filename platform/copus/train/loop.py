@@ -10,10 +10,11 @@ the pipeline schedule when pp > 1, over DTensor shards when tp > 1); gradients a
 averaged over dp, so they are exactly the gradient of the mean loss over the global batch,
 and clipped by the global norm. accelerate supplies the device and mixed precision.
 
-At a step boundary rank 0 may bring a decision (the controller's): a new GBS or MBS is used
-from the next step on; a new layout is built in place (`copus.train.reshard_in_place`) or, with
-`reconfigure: restart` or when that fails under `auto`, the loop checkpoints and returns with
-stop_reason "reconfigure" for the driver to relaunch the workers in the new layout.
+At a step boundary a ramp run moves to its schedule's GBS (`follow_ramp`), and rank 0 may
+bring a decision (the controller's): a new GBS or MBS is used from the next step on; a new
+layout is built in place (`copus.train.reshard_in_place`) or, with `reconfigure: restart` or
+when that fails under `auto`, the loop checkpoints and returns with stop_reason "reconfigure"
+for the driver to relaunch the workers in the new layout.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
+from copus.core.ramp import ramp_order
 from copus.core.reconfiguration import RESTART, WAYS, Relaunch, SwitchOrder
 from copus.core.schedule import Cadence
 from copus.records import (
@@ -290,7 +292,7 @@ def run_eval(launch: Launch) -> float:
 
 def at_step_boundary(launch: Launch) -> None:
     """Before a step: stop when the budget is spent (rank 0's clock decides for all), else take
-    the batch shape the hooks ask for and follow the controller's decision."""
+    the batch shape the hooks ask for, the ramp's GBS, and follow the controller's decision."""
     s, hooks, device = launch.state, launch.hooks, launch.model.device
     budget = launch.plan.stop.budget_reason(s.step, s.samples, launch.wall())
     if _broadcast_flag(budget is not None, device):
@@ -299,12 +301,25 @@ def at_step_boundary(launch: Launch) -> None:
     if hooks.batch_size is not None:
         launch.gbs, launch.mbs = hooks.batch_size(s.step, s.samples, launch.gbs, launch.mbs)
         launch.validate_batch(launch.gbs, launch.mbs)
+    if launch.plan.ramp is not None:
+        follow_ramp(launch)
     if hooks.decide is not None:
         current = replace(launch.plan.config, mbs=launch.mbs, gbs=launch.gbs)
         order = hooks.decide(s.step, current) if launch.rank == 0 else None
         target = _broadcast_target(order, device)
         if target is not None and target[0] != current:
             apply_order(launch, current, *target, order)
+
+
+def follow_ramp(launch: Launch) -> None:
+    """A ramp run (copus.core.ramp) moves to its schedule's GBS for the samples seen, recorded as
+    an ordered change is. Every rank has the samples seen, so each finds the same change without
+    a broadcast or a controller; and a resumed or relaunched group, which has them from its
+    checkpoint, continues the ramp at the right GBS."""
+    current = replace(launch.plan.config, mbs=launch.mbs, gbs=launch.gbs)
+    order = ramp_order(launch.plan.ramp, launch.state.samples, current)
+    if order is not None:
+        apply_order(launch, current, order.config, order.way, order)
 
 
 def apply_order(
@@ -391,7 +406,7 @@ def train_one_step(launch: Launch) -> None:
     launch.nonfinite_run = 0
     if gns is not None and model.last_norms is not None:
         n = model.last_norms
-        gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big)  # same numbers on every rank
+        gns.update(n.sq_small, n.b_small, n.sq_big, n.b_big, s.samples + gbs)  # same numbers on every rank
     step_time = time.perf_counter() - t_step
     s.step += 1
     s.samples += gbs
@@ -430,8 +445,16 @@ def step_record(
         tokens_per_s=gbs * plan.seq_len / step_time,
         wall_clock_s=launch.wall(),
         **(gns.summary(gbs) if gns is not None and gns.ready else {}),
+        **_step_norms(launch),
         sample_ids=global_batch.tolist() if launch.hooks.record_sample_ids else None,
     )
+
+
+def _step_norms(launch: Launch) -> dict:
+    n = launch.model.last_norms
+    if launch.gns is None or n is None:
+        return {}
+    return {"gns_sq_small": n.sq_small, "gns_b_small": n.b_small, "gns_sq_big": n.sq_big, "gns_b_big": n.b_big}
 
 
 def after_step(launch: Launch) -> None:

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
+from copus.core.gns import Horizon
 from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from workloads.flavours import ModelFlavour
@@ -19,6 +21,7 @@ _CONFIG_FIELDS = {f.name for f in fields(CandidateConfig)}
 
 if TYPE_CHECKING:  # the worker side never imports the typed config (nor pydantic)
     from copus.config import ExperimentConfig
+    from copus.core.ramp import BatchRamp
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,15 @@ class OptimizerPlan:
 @dataclass(frozen=True)
 class GNSPlan:
     enabled: bool = True
-    smoothing: float = 0.999
-    critical_factor: float = 2.0
+    smoothing: float = 0.999  # used when half_life_share is None (the fixed horizon)
+    critical_factor: float = DEFAULT_CRITICAL_FACTOR
     precondition: str = "none"
     reference_gbs: int | None = None  # B0 of the noise scale and efficiency; None: the plan's GBS
+    half_life_share: float | None = 0.05  # the progress horizon (copus.core.gns.Horizon); None: fixed
+    min_half_life: float = 8.0  # in reference batches
+
+    def horizon(self, reference_gbs: int) -> Horizon:
+        return Horizon(self.half_life_share, self.min_half_life * reference_gbs, self.smoothing)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class WorkerPlan:
     use_gpu: bool = False
     mixed_precision: str = "no"
     init_from: str | None = None  # a Hugging Face model directory: its shape, and the weights of a fresh start
+    # policy.name ramp: the GBS by samples seen, followed by the loop itself. Set by `copus run`'s
+    # driver only: a calibration or profile of the experiment trains at the batch sizes it chooses.
+    ramp: BatchRamp | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +111,14 @@ class WorkerPlan:
     @property
     def flavour(self) -> ModelFlavour:
         return workload_flavour(self.model, self.init_from)
+
+
+def gns_plan(cfg: "ExperimentConfig") -> GNSPlan:
+    g = cfg.gns
+    share = g.half_life_share if g.horizon == "progress" else None
+    return GNSPlan(
+        g.enabled, g.smoothing, g.critical_factor, g.precondition, cfg.optimizer.reference_gbs, share, g.min_half_life
+    )
 
 
 def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str, token_dtype: str) -> WorkerPlan:
@@ -122,7 +141,7 @@ def plan_from_config(cfg: "ExperimentConfig", train_tokens: str, val_tokens: str
             cfg.stop.max_wall_clock_s,
             cfg.stop.max_nonfinite_steps,
         ),
-        gns=GNSPlan(cfg.gns.enabled, cfg.gns.smoothing, cfg.gns.critical_factor, cfg.gns.precondition, o.reference_gbs),
+        gns=gns_plan(cfg),
         eval_every_steps=cfg.eval.every_steps,
         eval_every_samples=cfg.eval.every_samples,
         val_samples=cfg.eval.val_samples,

@@ -108,7 +108,8 @@ def attach_gns(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: Wor
     if not plan.gns.enabled:
         return None
     attach_probe(model, optimizer, plan)
-    return GNSEstimator(plan.gns.reference_gbs or plan.gbs, plan.gns.smoothing, plan.gns.critical_factor)
+    b0 = plan.gns.reference_gbs or plan.gbs
+    return GNSEstimator(b0, critical_factor=plan.gns.critical_factor, horizon=plan.gns.horizon(b0))
 
 
 def fresh_accelerator(use_gpu: bool, mixed_precision: str):
