@@ -128,7 +128,8 @@ def test_a_run_lives_in_an_s3_bucket_through_a_killed_worker_a_resume_and_export
     steps = _steps(out / "records.jsonl")
     assert sorted(steps) == list(range(1, 25))
     _, plan = prepare_plan(cfg)
-    shapes = {s: (r["gbs"], r["mbs"]) for s, r in steps.items()}
+    # The hook is asked before step s + 1 with the s steps done: key each step's shape by s - 1.
+    shapes = {s - 1: (r["gbs"], r["mbs"]) for s, r in steps.items()}
     records, final, _ = run_local(
         plan.replaced(dp=1, checkpoint_every_steps=1000), tmp_path / "ref", batch_size=shapes_hook(shapes)
     )
