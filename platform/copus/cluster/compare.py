@@ -17,18 +17,18 @@ before the first evaluation run starts; the winners then run beside the policies
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from copus.cluster.driver import run_experiment
+from copus.cluster.run_state import read_records_log
 from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
 from copus.core.comparison import add_counterfactual_audits, best_baseline, run_order, summarize
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
 from copus.core.tuning import CHOICE_RULE, TuningCandidate, candidate_result, choose_tuned
-from copus.storage import Location, read_lines, write_json_atomic
+from copus.storage import Location, write_json_atomic
 from copus.tracking import Tracker, flatten
 
 
@@ -150,7 +150,9 @@ def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate
             summary, started = ctx.run(cfg, {"policy": entry} if entry in tuned else {})
             runs.append({**_run_row(entry, repeat, seed, summary), "position": position, "started_at": started})
             summaries[(entry, repeat)] = summary
-            add_counterfactual_audits(runs, summaries, entries, _records, ctx.echo)
+            add_counterfactual_audits(
+                runs, summaries, entries, lambda out: read_records_log(Location.parse(out)), ctx.echo
+            )
             result = _result(ctx, entries, orders, runs, tuning)
             _write(ctx, result)
     return result
@@ -241,17 +243,6 @@ def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
         "mlflow_run_id": summary["mlflow_run_id"],
         "output_dir": summary["output_dir"],
     }
-
-
-def _records(output_dir: str) -> list[dict]:
-    """A run's records.jsonl, less lines cut short (a driver that died mid-write)."""
-    records = []
-    for line in read_lines(Location.parse(output_dir) / "records.jsonl"):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def _log_to_parent(tracker: Tracker, parent: str, entries: list[str], suite: SuiteConfig, result: dict) -> None:

@@ -18,12 +18,25 @@ from pydantic import TypeAdapter, ValidationError
 from copus.config import ConfigError, ExperimentConfig, format_pydantic_error
 from copus.core.layout import CandidateConfig
 from copus.core.reconfiguration import Reconfiguration
-from copus.storage import RAY_STORAGE, Location, ray_storage
+from copus.storage import RAY_STORAGE, Location, ray_storage, read_lines
 
 RUN_STATE = "run_state.json"
 CONTROLLER_STATE = "controller_state.json"
 RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the failed attempts')
 FAULT_MARKERS = "faults"  # fault-injection markers (copus.train.faults)
+
+
+def read_records_log(out: Location) -> list[dict]:
+    """OUTPUT_DIR/records.jsonl as parsed records, less a line cut short when a driver died mid-write."""
+    records = []
+    for line in read_lines(out / RECORDS_LOG):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
 # name-keyed optimiser state for resharding across layouts; 3: manifests and COMPLETE marker).
 CHECKPOINT_FORMAT = 3

@@ -4,17 +4,16 @@ the run's closing MLflow metrics, tags and name."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Callable
 
 from copus.cluster.driver_run import DriverRun, run_label
 from copus.cluster.progress import summary_text
-from copus.cluster.run_state import RECORDS_LOG, RunState
+from copus.cluster.run_state import RunState, read_records_log
 from copus.core.layout import CandidateConfig
 from copus.core.reconfiguration import EfficiencyAudit, Reconfiguration
 from copus.records import EndRecord
-from copus.storage import Location, read_lines
+from copus.storage import Location
 from copus.tracking import Tracker, results_name
 
 
@@ -124,14 +123,8 @@ def audit_changes(
 
     if not changes:
         return changes
-    records = []
     try:
-        for line in read_lines(out / RECORDS_LOG):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short when a driver died mid-write
-                continue
-        audited = audit_reconfigurations(changes, records, run_start_samples=warmup_samples)
+        audited = audit_reconfigurations(changes, read_records_log(out), run_start_samples=warmup_samples)
     except Exception as err:  # the audit is a by-product: never lose a run's summary to it
         echo(f"warning: could not audit the reconfigurations ({type(err).__name__}: {err})")
         note = f"audit failed: {type(err).__name__}"
