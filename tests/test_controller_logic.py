@@ -10,6 +10,7 @@ import pytest
 from copus.cluster.controller import Controller, ControllerSpec
 from copus.core.efficiency import adascale_gain, efficiency, statistical_efficiency
 from copus.core.layout import CandidateConfig
+from copus.core.reconfiguration import BranchRequest
 from copus.core.schedule import LRSchedule
 from copus.records import ReconfigureRecord
 
@@ -211,3 +212,111 @@ def test_the_controller_reads_the_calibration_at_the_runs_progress():
     assert d.config.gbs == 16 and d.efficiency_source == "test-calibration"
     assert d.val_loss == 1.9 and d.critical_batch == pytest.approx(400.0)
     assert d.predicted_efficiency_gain == pytest.approx((400 + 8) / (400 + 16))
+
+
+# --- probes: the controller measures c where its decision hangs on it ------------------------
+
+PROBE_TABLE = ((CandidateConfig(2, 1, 1, 2, 8), 100.0), (CandidateConfig(2, 1, 1, 2, 16), 120.0))
+
+
+def _probing_controller(tmp_path, prior_sd: float) -> Controller:
+    from copus.cluster.probes import ProbeSource
+    from copus.core.probing import ProbeSettings
+    from copus.storage import Location
+
+    settings = ProbeSettings(prior_sd=prior_sd, first_samples=0)
+    source = ProbeSource(plan=None, checkpoint_root=Location.parse(str(tmp_path)))  # not reached here
+    return Controller(spec(throughputs=PROBE_TABLE, probes=settings), probe_source=source)
+
+
+def test_the_controller_asks_for_a_branch_once_when_its_decision_hangs_on_c(tmp_path):
+    # B_noise 10: at c = 2 SE(16)/SE(8) = 28/36, GBS 16's goodput 93 < 100, so the run stays; at
+    # the belief's high quantile (c = 2 e^3 = 40) it is 117: a decision that hangs on c.
+    c = _probing_controller(tmp_path, prior_sd=3.0)
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    c.push(step(1, 1.0, start, b_noise=10.0))
+    c.push(step(2, 12.0, start, b_noise=10.0))
+    assert c.evaluations[-1]["switch"] is False
+    request = c.decision()
+    assert isinstance(request, BranchRequest) and "GBS 16" in request.reason
+    assert c.decision() is None  # asked for once
+    assert c.snapshot()["belief"]["c"] == pytest.approx(2.0)
+
+
+def test_the_controller_does_not_probe_where_the_decision_does_not_hang_on_c(tmp_path):
+    c = _probing_controller(tmp_path, prior_sd=0.05)
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    c.push(step(1, 1.0, start, b_noise=10.0))
+    c.push(step(2, 12.0, start, b_noise=10.0))
+    assert c.decision() is None and c.probes.wanted is None
+
+
+def _curve(start: int, gbs: int, length: int, rate: float, seed: int) -> tuple[list[int], list[float]]:
+    """Per-step losses from `start` at `gbs` that fall with the samples as 3 − 0.4 ln(1 + rate·x/512)
+    (x: samples since `start`), with small noise: `rate` is the progress per sample."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    samples = list(range(start + gbs, start + length + 1, gbs))
+    loss = [3.0 - 0.4 * math.log1p(rate * (s - start) / 512) + rng.normal(0, 0.002) for s in samples]
+    return samples, loss
+
+
+def test_a_finished_probe_is_set_against_the_runs_own_curve_and_moves_the_belief(tmp_path):
+    # The run at GBS 8 and the probe at GBS 16 from 512 samples, where the larger batch makes 0.8
+    # of the progress per sample: rho = 0.8, which at B_noise 10 says c = (0.8·16 − 8)/(0.2·10) = 2.4.
+    c = _probing_controller(tmp_path, prior_sd=0.69)
+    length = c.spec.probes.samples
+    samples, loss = _curve(512, 16, length, 0.8, seed=1)
+    c.probes.finished = {
+        "start_samples": 512,
+        "gbs": 16,
+        "samples": samples,
+        "train_loss": loss,
+        "probe_time_s": 3.0,
+        "run_gbs": 8,
+        "b_noise": 10.0,
+        "length": length,
+    }
+    run = CandidateConfig(2, 1, 1, 2, 8)
+    run_samples, run_loss = _curve(512, 8, length, 1.0, seed=2)
+    for n, (s, value) in enumerate(zip(run_samples, run_loss), start=65):
+        c.push({**step(n, float(n), run, b_noise=10.0), "samples": s, "train_loss": value})
+    probes = [r for r in c.drain((None, 0))[1] if r["kind"] == "probe"]
+    assert len(probes) == 1 and c.probes.finished is None
+    p = probes[0]
+    assert p["probe_gain"] == pytest.approx(0.8, abs=0.03)
+    assert p["probe_c_observed"] == pytest.approx(2.4, rel=0.25)
+    assert p["belief_log_c_sd"] < 0.69  # the measurement narrowed the belief
+    assert c.planner.critical_factor == pytest.approx(p["belief_c"])  # and the planner uses it
+    assert c.snapshot()["belief"]["observations"][0]["rho"] == pytest.approx(p["probe_gain"])
+
+
+def test_a_restarted_controller_goes_on_from_its_belief_and_planner(tmp_path):
+    from copus.cluster.probes import ProbeSource
+    from copus.core.belief import FactorBelief
+    from copus.core.probing import ProbeSettings
+    from copus.storage import Location
+
+    state = tmp_path / "controller_state.json"
+    source = ProbeSource(plan=None, checkpoint_root=Location.parse(str(tmp_path)))  # not reached here
+    first = Controller(spec(throughputs=PROBE_TABLE, probes=ProbeSettings()), state, source)
+    first.probes.belief = FactorBelief.prior(2.0, 0.69).observed_ratio(0.9, 0.8, 1.0, 10.0, 8, 16, 640, 0.5)
+    first.probes.started = [640]
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    first.push(step(1, 1.0, start))
+    first.push(step(2, 12.0, start))  # a decision: the state is saved
+
+    again = Controller(spec(throughputs=PROBE_TABLE, probes=ProbeSettings()), state, source)
+    assert again.probes.belief == first.probes.belief and again.probes.started == [640]
+    assert again.planner.critical_factor == pytest.approx(first.probes.belief.factor)
+
+
+def test_a_probe_is_short_early_long_enough_for_its_larger_batch_and_capped():
+    from copus.core.probing import ProbeSettings, probe_length
+
+    s = ProbeSettings(samples=1024, share=0.5, min_steps=12)
+    assert probe_length(s, 640, 16, 4) == 320  # half the samples seen
+    assert probe_length(s, 640, 16, 64) == 768  # 12 steps of GBS 64
+    assert probe_length(s, 8000, 16, 64) == 1024  # capped
+    assert probe_length(s, 8000, 16, 128) == 1536  # unless 12 steps need more

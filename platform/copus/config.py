@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
-from copus.core.policy_names import DEFAULT_SUITE, SCHEDULED, PolicyName
+from copus.core.policy_names import DEFAULT_SUITE, POLICIES, SCHEDULED, TUNED_ENTRY, PolicyName
 from copus.storage import Location, StorageError, check_location, first_line, local_path, shown
 from workloads import catalog
 
@@ -173,6 +173,23 @@ class GNSConfig(Section):
     precondition: Literal["none", "adam"] = "none"  # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
 
 
+class ProbesConfig(Section):
+    """`policy.probes`: the controller measures its critical-batch factor c during the run
+    (docs/controller.md, "Probes"). auto: when the run has no calibration (a calibration measured
+    c per progress level already), for copus and copus-gbs; true: for those with one too."""
+
+    enabled: bool | Literal["auto"] = "auto"
+    max_probes: int = Field(3, ge=1)
+    samples: int = Field(1024, ge=1)  # a probe's longest length (the run's own curve it is set against is as long)
+    share: float = Field(0.5, gt=0.0)  # a probe's length as a share of the samples seen at its start
+    min_steps: int = Field(12, ge=2)  # but at least this many steps of the larger GBS
+    spacing: float = Field(2.0, ge=1.0)  # a probe starts at least spacing x the last one's samples
+    first_samples: int | None = Field(None, ge=0)  # none before; default: schedule.warmup_samples
+    prior_sd: float = Field(0.69, gt=0.0)  # sd of log c before any probe (a factor of 2)
+    drift_sd: float = Field(0.5, ge=0.0)  # random walk of log c per e-fold of samples seen
+    quantile_z: float = Field(1.0, gt=0.0)  # the decision at c x exp(+-z sd) must agree, else probe
+
+
 class PolicyConfig(Section):
     name: PolicyName = "static"
     efficiency: EfficiencyForm = "pollux"  # statistical-efficiency form (copus.core.efficiency)
@@ -184,6 +201,7 @@ class PolicyConfig(Section):
     layout: Literal["given", "best"] = (
         "given"  # static: the parallel section's layout, or the profile's best for batch.gbs
     )
+    probes: ProbesConfig = ProbesConfig()
 
 
 class StopConfig(Section):
@@ -278,6 +296,9 @@ class CalibrationConfig(Section):
     gns_steps: int = Field(16, ge=2)  # batches the noise scale is measured over at each branch point
     cpus_per_trial: float | None = Field(None, gt=0.0)  # Ray Tune resources per run; default: the driver's cores
     lr_probe: LRProbeConfig | None = None  # the LR rule's share; default: not measured
+    # false: runs leave the workload's calibration unread (the controller maps the noise scale
+    # with gns.critical_factor and measures c itself, policy.probes): the ablation of a calibration.
+    use: bool = True
 
     def validation_samples(self, eval_val_samples: int, split_samples: int) -> int:
         """The calibration's validation set: val_samples if given; else at least 512 samples
@@ -798,6 +819,14 @@ class TuneConfig(Section):
         return self
 
 
+class VariantConfig(Section):
+    """A suite entry that runs a policy with settings of its own, beside the plain policies: an
+    ablation of a setting (for example copus without its calibration: calibration.use=false)."""
+
+    policy: PolicyName
+    set: list[str] = Field(min_length=1)  # its overrides, on top of the suite's
+
+
 class SuiteConfig(Section):
     """A comparison suite: one experiment run under several policies (`copus compare`)."""
 
@@ -823,6 +852,9 @@ class SuiteConfig(Section):
     tuning_seeds: list[Seed] = []
     evaluation_seeds: list[Seed] = []
     tune: TuneConfig | None = None
+    # Entries beside the policies, each a policy with its own overrides, run on the same seeds
+    # (named freely, but not like a policy or a tuned entry).
+    variants: dict[str, VariantConfig] = {}
 
     @model_validator(mode="after")
     def _protocol(self) -> "SuiteConfig":
@@ -847,6 +879,11 @@ class SuiteConfig(Section):
         if self.evaluation_seeds and self.seeds == "vary":
             raise FieldProblem(
                 "seeds", "'vary' with evaluation_seeds: every entry of a repeat runs its evaluation seed"
+            )
+        taken = next((v for v in self.variants if v in POLICIES or v in TUNED_ENTRY.values()), None)
+        if taken is not None:
+            raise FieldProblem(
+                f"variants.{taken}", "is the name of a policy or a tuned entry: give the variant its own"
             )
         return self
 
@@ -897,7 +934,17 @@ def load_suite(path: str | os.PathLike, overrides: list[str] | None = None) -> t
     except ConfigError as err:
         raise ConfigError(f"{path}: experiment: {err}") from None
     _check_tuning_runs(path, suite, raw, base, overrides or [])
+    _check_variant_runs(path, suite, raw, overrides or [])
     return suite, raw
+
+
+def _check_variant_runs(path, suite: SuiteConfig, raw: dict, overrides: list[str]) -> None:
+    """Every variant's run must be valid before anything runs, like the base."""
+    for name, variant in suite.variants.items():
+        try:
+            config_from_mapping(raw, suite.set + overrides + variant.set + [f"policy.name={variant.policy}"])
+        except ConfigError as err:
+            raise ConfigError(f"{path}: variants.{name}: {err}") from None
 
 
 def tuning_candidates(suite: SuiteConfig, base: ExperimentConfig) -> list:

@@ -149,6 +149,8 @@ class CheckpointRecord(Record):
     step: int
     wall_clock_s: float
     checkpoint_time_s: float  # rank 0's: saving its part and handing the directory to storage
+    samples: int | None = None
+    branch: bool = False  # the controller asked for it: a probe branches from it (copus.cluster.probes)
 
 
 @dataclass(kw_only=True)
@@ -330,6 +332,35 @@ class ProfilePointRecord(_ProfileConfigRecord):
     peak_memory_bytes: float | None  # the slowest rank's peak on a GPU; None on CPUs
 
 
+@dataclass(kw_only=True)
+class ProbeRecord(Record):
+    """The controller measured its critical-batch factor c with a probe (`copus.cluster.probes`):
+    a branch from the run's checkpoint at `start_samples` trained at `probe_gbs` while the run
+    went on at `run_gbs`; measured when the run reached `step`. `probe_gain`: samples to a
+    matched loss at the smaller GBS over those at the larger (None, with `note`, when
+    unmeasurable), with its 95% interval; `probe_c_observed`: what that gain alone says c is;
+    `belief_c` (its 95% interval `belief_c_low`, `belief_c_high`; `belief_log_c_sd`): the
+    controller's belief after it, which its planner now uses."""
+
+    kind: ClassVar[str] = "probe"
+    step: int
+    wall_clock_s: float
+    start_samples: int
+    run_gbs: int
+    probe_gbs: int
+    probe_time_s: float  # the probe's own training time, beside the run's
+    b_noise: float | None
+    probe_gain: float | None
+    probe_gain_low: float | None
+    probe_gain_high: float | None
+    probe_c_observed: float | None
+    belief_c: float
+    belief_c_low: float
+    belief_c_high: float
+    belief_log_c_sd: float
+    note: str = ""
+
+
 RECORD_KINDS: dict[str, type[Record]] = {
     cls.kind: cls
     for cls in (
@@ -344,6 +375,7 @@ RECORD_KINDS: dict[str, type[Record]] = {
         ProfileLayoutRecord,
         ProfileStartRecord,
         ProfilePointRecord,
+        ProbeRecord,
     )
 }
 

@@ -52,6 +52,7 @@ _BY_KIND = {
     "eval": EVAL_METRICS,
     "checkpoint": CHECKPOINT_METRICS,
     "nonfinite": ("nonfinite_steps",),
+    "probe": ("probe_gain", "probe_c_observed", "belief_c", "belief_log_c_sd"),
 }
 _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 

@@ -144,3 +144,34 @@ def test_a_failing_in_place_change_falls_back_to_a_restart(base_mapping, monkeyp
     assert summary["steps"] == 60 and summary["controller"]["reconfigure"] == "restart"
     assert summary["controller"]["restart_cost_s"] == second["downtime_s"] > 0
     assert any("(restart after the in-place path failed: " in m for m in messages)
+
+
+def test_without_a_calibration_the_controller_probes_where_its_decision_hangs_on_c(base_mapping):
+    # B_noise 4 (scripted) and c with a wide prior (median 1, sd 2 in log c): at c = e^-2 and at
+    # the median the policy keeps GBS 8, at c = e^2 it picks a larger one (16 or 24, as the fitted
+    # step-time model has it). So the controller asks for a branch checkpoint, a probe trains 320
+    # samples at that GBS from it beside the run, and once the run has trained as far at GBS 8 the
+    # two curves are set against each other.
+    probes = {"prior_sd": 2.0, "max_probes": 1, "samples": 320, "first_samples": 0}
+    mapping = _mapping(base_mapping)
+    mapping["policy"] = {**mapping["policy"], "probes": probes, "interval_s": 1.0}
+    mapping["stop"] = {"max_steps": 150, "max_wall_clock_s": 150}
+    cfg = config_from_mapping(mapping)
+    _write_scripted_profile(cfg)
+    messages: list[str] = []
+    summary = run_experiment(cfg, echo=messages.append, b_noise_script=(4.0,))
+
+    records = [json.loads(line) for line in (cfg.resolved_output_dir() / "records.jsonl").read_text().splitlines()]
+    branches = [r for r in records if r["kind"] == "checkpoint" and r.get("branch")]
+    assert len(branches) == 1, [m for m in messages if "probe" in m]
+    (probe,) = [r for r in records if r["kind"] == "probe"]
+    assert (probe["run_gbs"], probe["start_samples"]) == (8, branches[0]["samples"]) and probe["probe_gbs"] > 8
+    assert probe["probe_time_s"] > 0 and probe["probe_gain"] is not None, probe["note"]
+    belief = summary["controller"]["belief"]
+    assert len(belief["observations"]) == 1 and belief["c"] == pytest.approx(probe["belief_c"])
+    assert belief["sd"] < 2.0  # the measurement narrowed the prior
+    assert summary["controller"]["probes_started"] == [branches[0]["samples"]]
+    assert any(m.startswith(f"[{probe['wall_clock_s']:.0f} s] probe at GBS {probe['probe_gbs']}") for m in messages)
+    client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
+    (logged,) = client.get_metric_history(summary["mlflow_run_id"], "belief_c")
+    assert logged.value == pytest.approx(probe["belief_c"]) and logged.step == probe["step"]

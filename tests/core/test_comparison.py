@@ -155,3 +155,35 @@ def test_a_missed_baseline_is_censored_at_its_wall_clock_and_a_missed_copus_pair
     assert lonely["copus"]["vs_best_baseline"] is None
     single = summarize([seeded("copus", 0, 80.0), seeded("static", 0, 88.0)], ["copus", "static"])
     assert single["copus"]["vs_best_baseline"]["log_ratio_ci95"] is None  # one pair: no interval
+
+
+def test_a_variant_of_copus_is_adaptive_set_against_copus_and_reports_its_share_of_the_gain():
+    import math
+
+    copus = [80.0, 90.0, 100.0, 85.0]
+    variant = [88.0, 92.0, 104.0, 90.0]
+    static = [100.0, 110.0, 125.0, 100.0]
+    runs = [seeded("copus", r, t) for r, t in enumerate(copus)]
+    runs += [seeded("copus-uncalibrated", r, t) for r, t in enumerate(variant)]
+    runs += [seeded("static", r, t) for r, t in enumerate(static)]
+    adaptive = ("copus", "copus-gbs", "copus-uncalibrated")
+    out = summarize(runs, ["copus", "static", "copus-uncalibrated"], adaptive)
+
+    assert "copus-uncalibrated" not in out["copus"]["paired_log_ratio"]  # a variant is no baseline
+    assert out["copus-uncalibrated"]["vs_best_baseline"]["baseline"] == "static"
+    vs = out["copus-uncalibrated"]["vs_copus"]
+    assert vs["log_ratio_mean"] == pytest.approx(sum(math.log(c / v) for c, v in zip(copus, variant)) / 4)
+    share = out["copus-uncalibrated"]["share_of_copus_gain"]
+    ours = sum(math.log(s / v) for s, v in zip(static, variant))
+    ref = sum(math.log(s / c) for s, c in zip(static, copus))
+    assert share["share"] == pytest.approx(ours / ref) and share["n_pairs"] == 4
+    low, high = share["ci95"]
+    assert low < share["share"] < high and high - low < 1.0
+
+
+def test_no_share_of_a_gain_copus_did_not_make():
+    runs = [seeded("copus", r, 100.0) for r in range(3)]
+    runs += [seeded("copus-uncalibrated", r, 90.0) for r in range(3)]
+    runs += [seeded("static", r, 95.0) for r in range(3)]
+    out = summarize(runs, ["copus", "static", "copus-uncalibrated"], ("copus", "copus-uncalibrated"))
+    assert out["copus-uncalibrated"]["share_of_copus_gain"]["share"] is None

@@ -133,7 +133,7 @@ def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate
     """The evaluation phase: every policy and tuned entry on every repeat's seed, in a shuffled
     order per repeat; comparison.json rewritten after every run."""
     suite = ctx.suite
-    entries = suite.policies + list(tuned)
+    entries = suite.policies + list(suite.variants) + list(tuned)
     orders = [_order(suite, entries, r) for r in range(suite.evaluation_repeats)]
     runs: list[dict] = []
     summaries: dict[tuple[str, int], dict] = {}
@@ -144,10 +144,12 @@ def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate
             run_dir = ctx.out / entry / f"r{repeat}"
             if entry in tuned:
                 cfg = _run_config(ctx, list(tuned[entry].overrides), f"{entry}/r{repeat}", seed, run_dir)
+            elif entry in suite.variants:
+                cfg = _variant_config(ctx, entry, repeat, seed, run_dir)
             else:
                 cfg = _policy_config(suite, ctx.experiment, ctx.overrides, entry, repeat, seed, run_dir, ctx.table_dir)
             ctx.echo(f"== {suite.name}: {entry}, repeat {repeat + 1}/{len(orders)}, seed {seed}")
-            summary, started = ctx.run(cfg, {"policy": entry} if entry in tuned else {})
+            summary, started = ctx.run(cfg, {} if entry in suite.policies else {"policy": entry})
             runs.append({**_run_row(entry, repeat, seed, summary), "position": position, "started_at": started})
             summaries[(entry, repeat)] = summary
             add_counterfactual_audits(
@@ -164,15 +166,22 @@ def _order(suite: SuiteConfig, names: list[str], repeat: int) -> list[str]:
 
 def _result(ctx: _Suite, entries: list[str], orders: list[list[str]], runs: list[dict], tuning: dict | None) -> dict:
     """comparison.json as it stands: per-entry statistics, the best baseline, orders, runs, tuning."""
-    policies = summarize(runs, entries)
+    adaptive = adaptive_entries(ctx.suite)
+    policies = summarize(runs, entries, adaptive)
     result = {
         **ctx.header(),
         "policies": policies,
+        "adaptive": list(adaptive),
         "run_order": {"order": ctx.suite.order, "order_seed": ctx.suite.order_seed, "repeats": orders},
         "runs": runs,
-        "best_baseline": best_baseline(policies, [p for p in entries if p not in ADAPTIVE]),
+        "best_baseline": best_baseline(policies, [p for p in entries if p not in adaptive]),
     }
     return result if tuning is None else {**result, "tuning": tuning}
+
+
+def adaptive_entries(suite: SuiteConfig) -> tuple[str, ...]:
+    """The suite's entries of COPUS: its policies and the variants of them; the rest are baselines."""
+    return ADAPTIVE + tuple(name for name, v in suite.variants.items() if v.policy in ADAPTIVE)
 
 
 def _write(ctx: _Suite, result: dict) -> None:
@@ -188,9 +197,10 @@ def _policy_config(
     seed: int,
     run_dir: Location,
     table_dir: str,
+    label: str | None = None,
 ):
     """One run of the suite: the experiment with the suite's settings, the policy, its seed, its own
-    output directory and MLflow name, and the suite's shared profile table. A ramp the experiment
+    output directory and MLflow name (`label`, default the policy's), and the suite's shared profile table. A ramp the experiment
     carries is dropped for every policy but ramp (batch.ramp is refused with any other)."""
     has_ramp = (apply_overrides(experiment, suite.set + overrides).get("batch") or {}).get("ramp") is not None
     policy_overrides = [
@@ -203,7 +213,16 @@ def _policy_config(
         suite.set
         + overrides
         + policy_overrides
-        + _run_overrides(suite, f"{policy}/r{repeat}", seed, run_dir, table_dir),
+        + _run_overrides(suite, f"{label or policy}/r{repeat}", seed, run_dir, table_dir),
+    )
+
+
+def _variant_config(ctx: _Suite, name: str, repeat: int, seed: int, run_dir: Location) -> ExperimentConfig:
+    """A run of a variant: its policy's run with the variant's own overrides on top, under its name."""
+    variant = ctx.suite.variants[name]
+    overrides = ctx.overrides + variant.set
+    return _policy_config(
+        ctx.suite, ctx.experiment, overrides, variant.policy, repeat, seed, run_dir, ctx.table_dir, label=name
     )
 
 
@@ -254,18 +273,20 @@ def _log_to_parent(tracker: Tracker, parent: str, entries: list[str], suite: Sui
             f"final_val_loss.{policy}": stats["final_val_loss"],
         }
         tracker.log_values(parent, {k: v for k, v in values.items() if v is not None}, step=0)
-    tracker.log_values(parent, speedup_metrics(result["policies"]), step=0)
+    adaptive = tuple(result.get("adaptive", ADAPTIVE))
+    tracker.log_values(parent, speedup_metrics(result["policies"], adaptive), step=0)
     tracker.set_tags(parent, final_configs(result["runs"]))
     tracker.log_dict(parent, result, "comparison.json")
     tracker.rename(parent, f"compare: {suite.name} | {speedup_phrase(result['policies'])}")
     tracker.finish(parent)
-    tracker.share_view(result["mlflow_view_key"], comparison_columns(entries))
+    tracker.share_view(result["mlflow_view_key"], comparison_columns(entries, adaptive))
 
 
-def speedup_metrics(policies: dict) -> dict[str, float]:
-    """The parent run's speedup metrics: copus's under the plain names, the ablation's suffixed."""
+def speedup_metrics(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> dict[str, float]:
+    """The parent run's speedup metrics: copus's under the plain names, the ablation's and the
+    variants' suffixed."""
     out = {}
-    for policy in ADAPTIVE:
+    for policy in adaptive:
         s = policies.get(policy, {})
         suffix = "" if policy == "copus" else f".{policy}"
         for key in ("speedup_vs_fastest_baseline", "paired_speedup_mean"):
@@ -276,6 +297,10 @@ def speedup_metrics(policies: dict) -> dict[str, float]:
     ablation = policies.get("copus", {}).get("vs_copus_gbs") or {}
     if ablation.get("paired_speedup_mean") is not None:
         out["paired_speedup_vs_copus_gbs"] = ablation["paired_speedup_mean"]
+    for variant in (p for p in adaptive if p not in ADAPTIVE):
+        share = (policies.get(variant) or {}).get("share_of_copus_gain") or {}
+        if share.get("share") is not None:
+            out[f"share_of_copus_gain.{variant}"] = share["share"]
     return out
 
 
@@ -289,11 +314,11 @@ def final_configs(runs: list[dict]) -> dict[str, str]:
     return out
 
 
-def comparison_columns(policies: list[str]) -> list[str]:
+def comparison_columns(policies: list[str], adaptive: tuple[str, ...] = ADAPTIVE) -> list[str]:
     """The columns of a comparison's shared MLflow view: its parent run's figures per policy."""
     speedups = [
         f"metrics.`{key}{'' if p == 'copus' else '.' + p}`"
-        for p in ADAPTIVE
+        for p in adaptive
         if p in policies
         for key in ("speedup_vs_fastest_baseline", "paired_speedup_mean")
     ]
@@ -326,7 +351,8 @@ def comparison_table(result: dict) -> str:
             f"{policy:<16} {s['reached']:>3}/{s['runs']:<3} {ttt:>17} {s['final_val_loss']:>9.4f} "
             f"{s['samples']:>8.0f} {s['reconfigurations']:>9.1f}"
         )
-    for policy in ADAPTIVE:
+    adaptive = tuple(result.get("adaptive", ADAPTIVE))
+    for policy in adaptive:
         s = result["policies"].get(policy)
         if s and s.get("speedup_vs_fastest_baseline") is not None:
             lines.append(
@@ -337,7 +363,8 @@ def comparison_table(result: dict) -> str:
     if ablation and ablation.get("paired_speedup_mean") is not None:
         lines.append("copus vs copus-gbs (the layout and MBS co-adapted):")
         lines += paired_lines(ablation)
-    lines += log_ratio_lines(result["policies"])
+    lines += log_ratio_lines(result["policies"], adaptive)
+    lines += variant_lines(result["policies"], adaptive)
     lines += tuning_lines(result.get("tuning"))
     lines += counterfactual_lines(result["runs"])
     # A run's output_dir is SUITE_DIR/<policy>/r<repeat> (a path or URI; its query is left out here).
@@ -355,11 +382,29 @@ def paired_lines(s: dict) -> list[str]:
     return [f"  paired by repeat: mean {s['paired_speedup_mean']:+.1%}, 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%} ({per})"]
 
 
-def log_ratio_lines(policies: dict) -> list[str]:
-    """COPUS (and its ablation) against the best baseline, then copus against each baseline:
-    the paired log-ratio's speedup and 95% interval over the evaluation seeds."""
+def variant_lines(policies: dict, adaptive: tuple[str, ...]) -> list[str]:
+    """Each variant of COPUS against copus (paired log-ratio) and the share of copus's gain over
+    the best baseline it reaches."""
     lines = []
-    for policy in ADAPTIVE:
+    for variant in (p for p in adaptive if p not in ADAPTIVE):
+        s = policies.get(variant) or {}
+        block, share = s.get("vs_copus"), s.get("share_of_copus_gain")
+        if block and block["log_ratio_mean"] is not None:
+            lines.append(f"{variant} vs copus, paired log-ratio: {_log_ratio(block)}")
+        if share and share["share"] is not None:
+            ci = share["ci95"]
+            lines.append(
+                f"  {variant} reaches {share['share']:.0%} (95% CI {ci[0]:.0%} .. {ci[1]:.0%}) of copus's gain "
+                f"over {share['baseline']} ({share['n_pairs']} paired seeds)"
+            )
+    return lines
+
+
+def log_ratio_lines(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> list[str]:
+    """COPUS (its ablation, its variants) against the best baseline, then copus against each
+    baseline: the paired log-ratio's speedup and 95% interval over the evaluation seeds."""
+    lines = []
+    for policy in adaptive:
         best = (policies.get(policy) or {}).get("vs_best_baseline")
         if best and best["log_ratio_mean"] is not None:
             lines.append(f"{policy} vs best baseline ({best['baseline']}), paired log-ratio: {_log_ratio(best)}")

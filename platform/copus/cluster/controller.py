@@ -18,11 +18,19 @@ from dataclasses import dataclass
 import ray
 
 from copus.cluster.monitor import RecordQueue
+from copus.cluster.probes import Probes, ProbeSource
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
-from copus.core.reconfiguration import Reconfiguration, SwitchCostBook, SwitchOrder, order_from_decision
-from copus.records import EvalRecord, ReconfigureRecord, StepRecord, parse_record
+from copus.core.probing import ProbeSettings, probe_gbs
+from copus.core.reconfiguration import (
+    BranchRequest,
+    Reconfiguration,
+    SwitchCostBook,
+    SwitchOrder,
+    order_from_decision,
+)
+from copus.records import CheckpointRecord, EvalRecord, ProbeRecord, ReconfigureRecord, StepRecord, parse_record
 from copus.storage import Location
 
 
@@ -44,6 +52,8 @@ class ControllerSpec:
     # The workload's calibration (`copus calibrate`), when one exists: the measured mapping from
     # noise scale and progress to efficiency, instead of the configured factor.
     calibration: dict | None = None
+    # The controller measures c during the run (copus.cluster.probes); None: it does not.
+    probes: ProbeSettings | None = None
 
     def planner(self) -> Planner:
         return Planner.from_table(
@@ -56,13 +66,19 @@ class Controller(RecordQueue):
     HISTORY_KEPT = 5000
     EVALUATIONS_KEPT = 500
 
-    def __init__(self, spec: ControllerSpec, state_path: Location | str | None = None):
+    def __init__(
+        self, spec: ControllerSpec, state_path: Location | str | None = None, probe_source: ProbeSource | None = None
+    ):
         """`state_path`: where the controller keeps its state (history, decisions, what switches
-        cost) after every decision and every measured switch; a controller that finds it there
-        (Ray restarted the actor after a crash, or the driver was run again) goes on from it."""
+        cost, its belief about c) after every decision and every measured switch; a controller
+        that finds it there (Ray restarted the actor after a crash, or the driver was run again)
+        goes on from it. `probe_source`: what probes train from (with `spec.probes`)."""
         super().__init__()
         self.spec = spec
-        self.planner = spec.planner()
+        self.base_planner = spec.planner()
+        self.planner = self.base_planner
+        on = spec.probes is not None and probe_source is not None
+        self.probes = Probes(spec.probes, probe_source, spec.critical_factor) if on else None
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
         # The one owner of what a switch costs: the planner charges it, measured switches update it.
         self.book = SwitchCostBook(spec.restart_cost_s, spec.in_place_cost_s, spec.reconfigure)
@@ -84,6 +100,9 @@ class Controller(RecordQueue):
         self.restarts = saved["restarts"] + 1
         self.awaiting = Reconfiguration.from_dict(saved["awaiting"]) if saved.get("awaiting") else None
         self.last_val_loss = saved.get("last_val_loss") or float("nan")
+        if self.probes is not None and saved.get("probes"):
+            self.probes.recover(saved["probes"])
+            self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
 
     def _save(self) -> None:
         if self.state_path is None:
@@ -97,6 +116,7 @@ class Controller(RecordQueue):
             "pending": self.pending.as_dict() if self.pending else None,
             "awaiting": self.awaiting.as_dict() if self.awaiting else None,
             "last_val_loss": _finite(self.last_val_loss),
+            "probes": self.probes.state() if self.probes is not None else None,
         }
         self.state_path.write_json(state, indent=None)
 
@@ -120,6 +140,47 @@ class Controller(RecordQueue):
                 self._learn(self.awaiting)
                 self.awaiting = None
             self._observe(r)
+            self._follow_probe(r)
+        elif isinstance(r, CheckpointRecord) and r.branch and self.probes is not None:
+            self._start_probe(r)
+
+    def _start_probe(self, r: CheckpointRecord) -> None:
+        """The branch checkpoint asked for is written: the probe starts from it."""
+        last = self.history[-1] if self.history else {}
+        self._report(self.probes.launch(r.step, r.samples or 0, int(last.get("gbs") or 0), r.wall_clock_s))
+        self._save()
+
+    def _follow_probe(self, r: StepRecord) -> None:
+        """A probe that finished (or failed), and once the run's own curve is as long: the
+        measurement, the belief it updates and the planner at the belief's c."""
+        if self.probes is None:
+            return
+        self._report(self.probes.collect(r.step, r.wall_clock_s))
+        measured = self.probes.measure(self.history, r.step, r.wall_clock_s)
+        if measured is None:
+            return
+        self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
+        self._report(measured)
+        self._save()
+
+    def settle_probes(self, timeout_s: float) -> None:
+        """The run ended: a probe still training gets `timeout_s` to finish, then whatever was
+        measured is set against the run's curve as far as it went (summary.json's belief then has
+        every probe the run paid for; its time to target is already taken)."""
+        if self.probes is None or not self.history:
+            return
+        last = self.history[-1]
+        self.probes.settle(timeout_s)
+        self._report(self.probes.collect(last["step"], last["wall_clock_s"]))
+        measured = self.probes.measure(self.history, last["step"], last["wall_clock_s"], ended=True)
+        if measured is not None:
+            self._report(measured)
+        self._save()
+
+    def _report(self, record: ProbeRecord | None) -> None:
+        """A probe's record into the queue (only queued: the driver logs and prints it)."""
+        if record is not None:
+            RecordQueue.push(self, record.as_dict())
 
     def _learn(self, change: Reconfiguration) -> None:
         """A switch the workers made (the records rank 0 sends): what it says about the next."""
@@ -172,13 +233,37 @@ class Controller(RecordQueue):
             critical = self.planner.critical_batch(b_noise, self.last_val_loss)
             source = self.planner.mapping.source
             self.pending = order_from_decision(d, b_noise, critical, self.last_val_loss, source, self.book.way)
+        elif self.probes is not None and self.probes.may_start(r.samples):
+            self._consider_probe(r, b_noise)
 
-    def decision(self) -> SwitchOrder | None:
-        """The switch decided since the last call, if any (rank 0, at a step boundary)."""
+    def _consider_probe(self, r: StepRecord, b_noise: float) -> None:
+        """Probe when the decision hangs on c: at the belief's low and high quantiles of c the
+        policy would leave the run at different GBS (copus.core.probing)."""
+        settings = self.spec.probes
+        belief, z = self.probes.belief.drifted(r.samples, settings.drift_sd), settings.quantile_z
+        actions = []
+        for c in (math.exp(belief.mean - z * belief.sd), math.exp(belief.mean + z * belief.sd)):
+            planner = self.base_planner.with_critical_factor(c)
+            d = decide(
+                self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), self.last_val_loss
+            )
+            if d is None:
+                return
+            actions.append(d.best.config.gbs if d.switch else r.gbs)  # where the run would be after it
+        gbs = probe_gbs(r.gbs, *actions)
+        if gbs is not None:
+            self.probes.want(gbs, b_noise)
+
+    def decision(self) -> SwitchOrder | BranchRequest | None:
+        """The switch decided since the last call, if any, or a request for a probe's branch
+        checkpoint (rank 0, at a step boundary)."""
         out, self.pending = self.pending, None
         if out is not None:
             self._save()
-        return out
+            return out
+        if self.probes is not None and self.probes.branch_request():
+            return BranchRequest(f"probe at GBS {self.probes.wanted}")
+        return None
 
     def costs(self) -> SwitchCosts:
         return self.book.costs()
@@ -192,6 +277,9 @@ class Controller(RecordQueue):
             "decisions": len(self.evaluations),
             "steps_observed": len(self.history),
             "evaluations": self.evaluations[-200:],
+            # The belief about c the probes built (copus.core.belief), with every measurement.
+            "belief": self.probes.belief.as_dict() if self.probes is not None else None,
+            "probes_started": list(self.probes.started) if self.probes is not None else [],
         }
 
 

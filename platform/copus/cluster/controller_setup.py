@@ -12,6 +12,9 @@ from copus.cluster.profiler import feasible_space, load_or_profile, predicted_th
 from copus.config import ExperimentConfig
 from copus.core.layout import CandidateConfig
 from copus.core.policies import initial_config
+from copus.core.probing import ProbeSettings
+
+GOODPUT_POLICIES = ("copus", "copus-gbs")  # the policies that plan by goodput: they may probe
 
 
 def setup_controller(
@@ -30,7 +33,8 @@ def setup_controller(
         f"profile: {len(table.measured())} configurations measured in {cfg.resolved_profile_dir()}; the controller "
         f"chooses among {len(throughputs)} memory-feasible ones"
     )
-    calibration = load_calibration(cfg, data_fingerprint) if data_fingerprint is not None else None
+    known = data_fingerprint is not None and cfg.calibration.use
+    calibration = load_calibration(cfg, data_fingerprint) if known else None
     if calibration is not None:
         levels = ", ".join(f"{_fmt(b['b_crit'])} at val loss {b['val_loss']:.2f}" for b in calibration["branch_points"])
         echo(
@@ -51,8 +55,30 @@ def setup_controller(
         reconfigure=cfg.reconfigure,
         b_noise_script=b_noise_script,
         calibration=calibration,
+        probes=probe_settings(cfg, calibration is not None),
     )
     return spec, initial_config(cfg.policy.name, spec.planner(), cfg.start_config(), cfg.policy.layout)
+
+
+def probe_settings(cfg: ExperimentConfig, calibrated: bool) -> ProbeSettings | None:
+    """`policy.probes` as the controller's settings, or None where the controller does not
+    probe: a policy that does not plan by goodput, probes off, or auto with a calibration (it
+    measured c per progress level, with more seeds than a probe has)."""
+    p = cfg.policy.probes
+    if cfg.policy.name not in GOODPUT_POLICIES or p.enabled is False or (p.enabled == "auto" and calibrated):
+        return None
+    first = p.first_samples if p.first_samples is not None else cfg.schedule.warmup_samples
+    return ProbeSettings(
+        max_probes=p.max_probes,
+        samples=p.samples,
+        share=p.share,
+        min_steps=p.min_steps,
+        spacing=p.spacing,
+        first_samples=first,
+        prior_sd=p.prior_sd,
+        drift_sd=p.drift_sd,
+        quantile_z=p.quantile_z,
+    )
 
 
 def _fmt(value: float | None) -> str:

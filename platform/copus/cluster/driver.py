@@ -34,6 +34,7 @@ from copus.cluster.controller_setup import setup_controller
 from copus.cluster.driver_run import DriverRun, run_label
 from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor
+from copus.cluster.probes import ProbeSource
 from copus.cluster.record_handler import RecordHandler
 from copus.cluster.run_state import (
     CONTROLLER_STATE,
@@ -60,6 +61,7 @@ from workloads.corpus import TokenFiles
 if TYPE_CHECKING:
     from ray.train.torch import TorchTrainer
 
+PROBE_SETTLE_S = 120.0  # how long a finished run waits for a probe still training (copus.cluster.probes)
 SAMPLE_IDS_ENV = "COPUS_RECORD_SAMPLE_IDS"  # "1": step records carry the global batch's sample ids
 
 
@@ -83,7 +85,7 @@ def run_experiment(
     handler = RecordHandler(run, controller)
     try:
         final = launch_until_done(run, controller, handler)
-        controller_state = ray.get(controller.snapshot.remote()) if run.spec is not None else None
+        controller_state = settle_controller(controller, handler) if run.spec is not None else None
     finally:
         ray.kill(controller)
         handler.close()
@@ -92,6 +94,15 @@ def run_experiment(
         run.out, run.state.reconfigurations, cfg.schedule.warmup_samples, run.tracker, run.run_id, echo
     )
     return finish_run(run, final, controller_state)
+
+
+def settle_controller(controller, handler: RecordHandler) -> dict:
+    """The run's last word from its controller: a probe still training is waited for (at most
+    PROBE_SETTLE_S) and measured, its records logged; then the controller's snapshot."""
+    ray.get(controller.settle_probes.remote(PROBE_SETTLE_S))
+    handler.cursor, records = ray.get(controller.drain.remote(handler.cursor))
+    handler(records)
+    return ray.get(controller.snapshot.remote())
 
 
 def prepare_data(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[TokenFiles, WorkerPlan]:
@@ -192,8 +203,9 @@ def start_controller(run: DriverRun):
     state from CONTROLLER_STATE, which it rewrites after every decision."""
     if run.spec is None:
         return RunMonitor.remote()
+    probe_source = ProbeSource(plan=run.plan, checkpoint_root=ray_storage(run.out) / RAY_RUN_NAME)
     return GoodputController.options(name=f"copus-controller-{run.run_id}", max_restarts=-1).remote(
-        run.spec, run.out / CONTROLLER_STATE
+        run.spec, run.out / CONTROLLER_STATE, probe_source
     )
 
 

@@ -16,6 +16,7 @@ from copus.records import (
     EndRecord,
     EvalRecord,
     NonfiniteRecord,
+    ProbeRecord,
     ReconfigureRecord,
     StartRecord,
     StepRecord,
@@ -130,6 +131,19 @@ class RecordHandler:
                 run.run_id, {"predicted_goodput_gain": change.order.predicted_gain}, step=change.step
             )
         run.echo(reconfiguration_line(change))
+
+    def on_probe(self, r: ProbeRecord) -> None:
+        """The controller measured c with a probe: say what it found and where its belief is now."""
+        gain = (
+            "unmeasurable"
+            if r.probe_gain is None
+            else f"gain {r.probe_gain:.2f} [{r.probe_gain_low:.2f}, {r.probe_gain_high:.2f}]"
+        )
+        self.run.echo(
+            f"[{r.wall_clock_s:.0f} s] probe at GBS {r.probe_gbs} from {r.start_samples} samples (run at GBS "
+            f"{r.run_gbs}; {r.probe_time_s:.1f} s of training beside the run): {gain}; critical-batch factor now "
+            f"{r.belief_c:.2f} [{r.belief_c_low:.2f}, {r.belief_c_high:.2f}]"
+        )
 
     def on_end(self, r: EndRecord) -> None:
         self.final = r

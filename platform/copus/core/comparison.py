@@ -61,9 +61,10 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(runs: list[dict], policies: list[str]) -> dict:
+def summarize(runs: list[dict], policies: list[str], adaptive: tuple[str, ...] = ADAPTIVE) -> dict:
     """runs: one dict per run with policy, repeat, time_to_target_s (None if not reached),
-    reached_target, final_val_loss, samples, reconfigurations (a count)."""
+    reached_target, final_val_loss, samples, reconfigurations (a count). `adaptive`: the entries
+    of COPUS (its policies, and a suite's variants of them); every other entry is a baseline."""
     out: dict = {}
     for policy in policies:
         mine = [r for r in runs if r["policy"] == policy]
@@ -85,15 +86,40 @@ def summarize(runs: list[dict], policies: list[str]) -> dict:
             "per_seed": seed_rows(mine),
             **mean_log_time(mine),
         }
-    baselines = [p for p in policies if p not in ADAPTIVE]
+    baselines = [p for p in policies if p not in adaptive]
     best = best_baseline(out, baselines)
-    for policy in (p for p in ADAPTIVE if p in out):
+    for policy in (p for p in adaptive if p in out):
         out[policy].update(_speedup(runs, out, baselines, policy))
         out[policy]["paired_log_ratio"] = {b: paired_log_ratio(runs, b, policy) for b in baselines}
         out[policy]["vs_best_baseline"] = out[policy]["paired_log_ratio"][best] if best else None
     if "copus" in out and "copus-gbs" in out:
         out["copus"]["vs_copus_gbs"] = paired_against(runs, "copus-gbs")
+    for variant in (p for p in adaptive if p in out and p not in ADAPTIVE and "copus" in out):
+        out[variant]["vs_copus"] = paired_log_ratio(runs, "copus", variant)
+        if best is not None:
+            out[variant]["share_of_copus_gain"] = gain_share(runs, variant, "copus", best)
     return out
+
+
+def gain_share(runs: list[dict], ours: str, reference: str, baseline: str, draws: int = 4000, seed: int = 0) -> dict:
+    """How much of `reference`'s gain over `baseline` `ours` reaches, seed by seed: the ratio of
+    the mean paired log-ratios, mean log(t_baseline/t_ours) / mean log(t_baseline/t_reference),
+    over the repeats all three reached the target, with a 95% interval from resampling those
+    repeats (the three runs of a repeat stay together). None when the reference gained nothing."""
+    times = {(r["policy"], r["repeat"]): r["time_to_target_s"] for r in runs if r["reached_target"]}
+    repeats = sorted(k for (p, k) in times if p == baseline and (ours, k) in times and (reference, k) in times)
+    base = np.array([math.log(times[(baseline, k)]) for k in repeats])
+    gain_ours = base - np.array([math.log(times[(ours, k)]) for k in repeats])
+    gain_ref = base - np.array([math.log(times[(reference, k)]) for k in repeats])
+    out = {"reference": reference, "baseline": baseline, "n_pairs": len(repeats), "share": None, "ci95": None}
+    if len(repeats) < 2 or gain_ref.mean() <= 0:
+        return out
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(repeats), size=(draws, len(repeats)))
+    ref_means = gain_ref[pick].mean(axis=1)
+    shares = np.where(ref_means > 0, gain_ours[pick].mean(axis=1) / np.where(ref_means > 0, ref_means, 1.0), np.nan)
+    low, high = np.nanquantile(shares, [0.025, 0.975])
+    return {**out, "share": float(gain_ours.mean() / gain_ref.mean()), "ci95": [float(low), float(high)]}
 
 
 def seed_rows(runs: list[dict]) -> list[dict]:

@@ -20,6 +20,7 @@ decision is a few numpy operations (well under a millisecond for thousands of ca
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,6 +137,16 @@ class Planner:
             threshold,
             mapping,
         )
+
+    def with_critical_factor(self, critical_factor: float) -> Planner:
+        """The same planner with the configured mapping at another c (the controller's belief
+        about c after its probes, `copus.core.belief`); its tables are shared, not rebuilt. A
+        calibrated mapping has c per progress level of its own and is kept."""
+        other = copy.copy(self)
+        other.critical_factor = critical_factor
+        if isinstance(self.mapping, NoiseScaleMapping):
+            other.mapping = NoiseScaleMapping(self.form, critical_factor)
+        return other
 
     def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
         return self.mapping.critical_batch(b_noise, loss)

@@ -15,3 +15,5 @@ ADAPTIVE: tuple[str, ...] = ("copus", "copus-gbs")
 SCHEDULED: tuple[str, ...] = ("static", "ramp")
 # What `copus compare` runs when a suite names no policies.
 DEFAULT_SUITE: tuple[str, ...] = ("copus", "static", "cbs-pessimistic", "cbs-optimistic")
+# The entries a suite's tuning phase adds (copus.core.tuning), by the kind of baseline tuned.
+TUNED_ENTRY: dict[str, str] = {"static": "tuned-static", "ramp": "tuned-ramp"}

@@ -35,6 +35,14 @@ def _finite(value: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class BranchRequest:
+    """The controller asks every rank for a checkpoint at this step boundary, with no change: a
+    probe (`copus.cluster.probes`) trains a branch from it at another GBS while the run goes on."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class SwitchOrder:
     """A switch the controller decided: the configuration to move to, what kind of change it is,
     what the planner expected of it and why."""

@@ -26,11 +26,10 @@ import numpy as np
 
 from copus.core.comparison import paired_against, summarize
 from copus.core.layout import CandidateConfig, layout_problems
-from copus.core.policy_names import ADAPTIVE, SCHEDULED
+from copus.core.policy_names import ADAPTIVE, SCHEDULED, TUNED_ENTRY
 from copus.core.ramp import BatchRamp
 from copus.core.search import gbs_grid
 from copus.core.simulator import Setting, SimResult, simulate
-from copus.core.tuning import TUNED_ENTRY
 
 Space = tuple[list[CandidateConfig], np.ndarray]
 # Ramp lengths tried by default, as shares of the samples the target takes at a vanishingly

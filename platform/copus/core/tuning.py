@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from copus.core.comparison import mean_log_time
 from copus.core.layout import CandidateConfig
+from copus.core.policy_names import TUNED_ENTRY
 
 # The suite entry each kind of candidate becomes once chosen.
-TUNED_ENTRY: dict[str, str] = {"static": "tuned-static", "ramp": "tuned-ramp"}
 CHOICE_RULE = (
     "per kind, the candidate with the lowest mean log time to target over the tuning seeds; "
     "a candidate that missed the target on any tuning seed is out (ties: the first listed)"

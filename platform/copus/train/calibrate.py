@@ -36,10 +36,13 @@ def single_process_plan(
         gbs=gbs,
         mbs=mbs,
         eval_every_steps=max(1, eval_every_samples // gbs),
+        eval_every_samples=None,  # the cadence above, not the experiment's (which would win over it)
         val_samples=val_samples,
         stop=stop,
         checkpoint_every_steps=10**9,
+        checkpoint_every_samples=None,
         checkpoint_every_s=None,
+        ramp=None,
         report_every_steps=1,
         gns=replace(plan.gns, enabled=gns_enabled),
     )

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from copus.core.layout import CandidateConfig
-from copus.core.reconfiguration import SwitchOrder
+from copus.core.reconfiguration import BranchRequest, SwitchOrder
 from copus.train.faults import Faults
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import WorkerPlan
@@ -38,7 +38,7 @@ def run_local(
     ckpt_root: Path,
     resume_step: int | None = None,
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None,
-    decide: Callable[[int, CandidateConfig], SwitchOrder | None] | None = None,
+    decide: Callable[[int, CandidateConfig], SwitchOrder | BranchRequest | None] | None = None,
     faults: Faults = Faults(),
     data_offset: int = 0,
 ) -> tuple[list[dict], dict, dict]:

@@ -34,7 +34,7 @@ from copus.core.gns import GNSEstimator
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
 from copus.core.planner import change_kind
 from copus.core.ramp import ramp_order
-from copus.core.reconfiguration import RESTART, WAYS, Relaunch, SwitchOrder
+from copus.core.reconfiguration import RESTART, WAYS, BranchRequest, Relaunch, SwitchOrder
 from copus.core.schedule import Cadence
 from copus.records import (
     CheckpointRecord,
@@ -88,8 +88,9 @@ class LoopHooks:
     # restart: only the number of micro-batches (and the schedule) changes.
     batch_size: Callable[[int, int, int, int], tuple[int, int]] | None = None
     # Asked on rank 0 at every step boundary with (step, current CandidateConfig): the controller's
-    # order, or None. Rank 0 broadcasts its target and way; every rank follows.
-    decide: Callable[[int, CandidateConfig], SwitchOrder | None] | None = None
+    # order (a switch, or a request for a branch checkpoint), or None. Rank 0 broadcasts it; every
+    # rank follows.
+    decide: Callable[[int, CandidateConfig], SwitchOrder | BranchRequest | None] | None = None
     # Injected faults (copus.train.faults): a failing in-place change, NaN gradients, a killed worker.
     faults: Faults = field(default_factory=Faults)
     # Rank 0 adds the global batch's sample indices to every step record (tests of sample accounting).
@@ -144,22 +145,27 @@ def _broadcast_flag(value: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def _broadcast_target(order: SwitchOrder | None, device: torch.device) -> tuple[CandidateConfig, str] | None:
-    """Rank 0's target configuration and way (or None) on every rank: its five sizes, and its
-    sharding, recompute and way as indices into DP_SHARD_MODES, RECOMPUTE_MODES and WAYS."""
-    values = [0] * 8
-    if order is not None:
+def _broadcast_target(
+    order: SwitchOrder | BranchRequest | None, device: torch.device
+) -> tuple[tuple[CandidateConfig, str] | None, bool]:
+    """Rank 0's order on every rank: its target configuration and way (or None), and whether the
+    controller asked for a branch checkpoint. One tensor: the target's five sizes; its sharding,
+    recompute and way as indices into DP_SHARD_MODES, RECOMPUTE_MODES and WAYS; the branch flag."""
+    values = [0] * 9
+    if isinstance(order, SwitchOrder):
         cfg = order.config
         modes = [DP_SHARD_MODES.index(cfg.dp_shard), RECOMPUTE_MODES.index(cfg.recompute), WAYS.index(order.way)]
-        values = [cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs, *modes]
+        values[:8] = [cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.gbs, *modes]
+    values[8] = int(isinstance(order, BranchRequest))
     t = torch.tensor(values, dtype=torch.int64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.broadcast(t, src=0)
     values = [int(v) for v in t.tolist()]
+    branch = bool(values[8])
     if not values[0]:
-        return None
+        return None, branch
     target = CandidateConfig(*values[:5], dp_shard=DP_SHARD_MODES[values[5]], recompute=RECOMPUTE_MODES[values[6]])
-    return target, WAYS[values[7]]
+    return (target, WAYS[values[7]]), branch
 
 
 def resume_plan(plan: WorkerPlan, saved: dict, world: int) -> WorkerPlan:
@@ -260,8 +266,9 @@ def trainer_state(launch: Launch) -> dict:
     }
 
 
-def checkpoint(launch: Launch) -> None:
-    """Every rank saves its part and hands it to storage; rank 0 reports how long it took."""
+def checkpoint(launch: Launch, branch: bool = False) -> None:
+    """Every rank saves its part and hands it to storage; rank 0 reports how long it took.
+    `branch`: the controller asked for it (its record says so, and where a probe starts)."""
     t = time.perf_counter()
     local = Path(tempfile.mkdtemp(prefix=f"copus-ckpt-r{launch.rank}-"))
     s = launch.state
@@ -270,7 +277,12 @@ def checkpoint(launch: Launch) -> None:
         launch.hooks.persist_checkpoint(local, {"step": s.step, "samples": s.samples})
     finally:
         shutil.rmtree(local, ignore_errors=True)
-    launch.emit(CheckpointRecord(step=s.step, wall_clock_s=launch.wall(), checkpoint_time_s=time.perf_counter() - t))
+    spent = time.perf_counter() - t
+    launch.emit(
+        CheckpointRecord(
+            step=s.step, wall_clock_s=launch.wall(), checkpoint_time_s=spent, samples=s.samples, branch=branch
+        )
+    )
 
 
 def run_eval(launch: Launch) -> float:
@@ -306,8 +318,10 @@ def at_step_boundary(launch: Launch) -> None:
     if hooks.decide is not None:
         current = replace(launch.plan.config, mbs=launch.mbs, gbs=launch.gbs)
         order = hooks.decide(s.step, current) if launch.rank == 0 else None
-        target = _broadcast_target(order, device)
-        if target is not None and target[0] != current:
+        target, branch = _broadcast_target(order, device)
+        if branch:  # a probe branches from here at another GBS (copus.cluster.probes)
+            checkpoint(launch, branch=True)
+        elif target is not None and target[0] != current:
             apply_order(launch, current, *target, order)
 
 
