@@ -320,3 +320,20 @@ def test_a_probe_is_short_early_long_enough_for_its_larger_batch_and_capped():
     assert probe_length(s, 640, 16, 64) == 768  # 12 steps of GBS 64
     assert probe_length(s, 8000, 16, 64) == 1024  # capped
     assert probe_length(s, 8000, 16, 128) == 1536  # unless 12 steps need more
+
+
+def test_probe_settings_follow_the_config_and_stay_off_with_a_calibration_or_a_baseline(base_mapping):
+    from copus.cluster.controller_setup import probe_settings
+    from copus.config import config_from_mapping
+
+    probes = {"samples": 512, "share": 0.25, "prior_sd": 1.0}
+    cfg = config_from_mapping({**base_mapping, "policy": {"name": "copus", "probes": probes}})
+    settings = probe_settings(cfg, calibrated=False)
+    assert (settings.samples, settings.share, settings.prior_sd, settings.max_probes) == (512, 0.25, 1.0, 3)
+    assert settings.first_samples == cfg.schedule.warmup_samples  # by default, not during the LR warm-up
+    assert probe_settings(cfg, calibrated=True) is None  # auto: a calibration measured c already
+    forced = config_from_mapping({**base_mapping, "policy": {"name": "copus", "probes": {"enabled": True}}})
+    assert probe_settings(forced, calibrated=True) is not None
+    off = config_from_mapping({**base_mapping, "policy": {"name": "copus", "probes": {"enabled": False}}})
+    assert probe_settings(off, calibrated=False) is None
+    assert probe_settings(config_from_mapping({**base_mapping, "policy": {"name": "static"}}), calibrated=False) is None

@@ -18,6 +18,7 @@ from copus.cluster.launch import prepare_plan
 from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.profiler import detect_hardware, workload_key
 from copus.config import config_from_mapping
+from copus.core.belief import FactorBelief
 from copus.core.layout import CandidateConfig
 from copus.train.local import run_local
 from tests.train.loop_helpers import shapes_hook
@@ -166,10 +167,28 @@ def test_without_a_calibration_the_controller_probes_where_its_decision_hangs_on
     assert len(branches) == 1, [m for m in messages if "probe" in m]
     (probe,) = [r for r in records if r["kind"] == "probe"]
     assert (probe["run_gbs"], probe["start_samples"]) == (8, branches[0]["samples"]) and probe["probe_gbs"] > 8
-    assert probe["probe_time_s"] > 0 and probe["probe_gain"] is not None, probe["note"]
+    assert probe["probe_time_s"] > 0
     belief = summary["controller"]["belief"]
-    assert len(belief["observations"]) == 1 and belief["c"] == pytest.approx(probe["belief_c"])
-    assert belief["sd"] < 2.0  # the measurement narrowed the prior
+    assert belief["c"] == pytest.approx(probe["belief_c"])
+    # Where the branch falls depends on the clock, and so does what the probe can measure: on the
+    # debug model's steep early curve a probe at the larger GBS sometimes starts below where the
+    # run ends (no common progress; the record says so and the belief stays the prior). Otherwise
+    # the belief is the prior updated with exactly this measurement (which may even widen it).
+    # The measurement itself is checked on fixed curves in tests/test_controller_logic.py.
+    if probe["probe_gain"] is None:
+        assert probe["note"].startswith("not used") and belief["observations"] == []
+        assert (belief["mean"], belief["sd"]) == pytest.approx((0.0, 2.0))
+    else:
+        (seen,) = belief["observations"]
+        assert (seen["rho"], seen["low"], seen["high"]) == (
+            probe["probe_gain"],
+            probe["probe_gain_low"],
+            probe["probe_gain_high"],
+        )
+        expected = FactorBelief.prior(1.0, 2.0).observed_ratio(
+            seen["rho"], seen["low"], seen["high"], 4.0, 8, probe["probe_gbs"], probe["start_samples"], 0.5
+        )
+        assert (belief["mean"], belief["sd"]) == pytest.approx((expected.mean, expected.sd))
     assert summary["controller"]["probes_started"] == [branches[0]["samples"]]
     assert any(m.startswith(f"[{probe['wall_clock_s']:.0f} s] probe at GBS {probe['probe_gbs']}") for m in messages)
     client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())

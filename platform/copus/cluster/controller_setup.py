@@ -68,17 +68,7 @@ def probe_settings(cfg: ExperimentConfig, calibrated: bool) -> ProbeSettings | N
     if cfg.policy.name not in GOODPUT_POLICIES or p.enabled is False or (p.enabled == "auto" and calibrated):
         return None
     first = p.first_samples if p.first_samples is not None else cfg.schedule.warmup_samples
-    return ProbeSettings(
-        max_probes=p.max_probes,
-        samples=p.samples,
-        share=p.share,
-        min_steps=p.min_steps,
-        spacing=p.spacing,
-        first_samples=first,
-        prior_sd=p.prior_sd,
-        drift_sd=p.drift_sd,
-        quantile_z=p.quantile_z,
-    )
+    return ProbeSettings(**p.model_dump(exclude={"enabled", "first_samples"}), first_samples=first)
 
 
 def _fmt(value: float | None) -> str:
