@@ -153,15 +153,8 @@ class Controller(RecordQueue):
     def _follow_probe(self, r: StepRecord) -> None:
         """A probe that finished (or failed), and once the run's own curve is as long: the
         measurement, the belief it updates and the planner at the belief's c."""
-        if self.probes is None:
-            return
-        self._report(self.probes.collect(r.step, r.wall_clock_s))
-        measured = self.probes.measure(self.history, r.step, r.wall_clock_s)
-        if measured is None:
-            return
-        self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
-        self._report(measured)
-        self._save()
+        if self.probes is not None:
+            self._probe_progress(r.step, r.wall_clock_s, ended=False)
 
     def settle_probes(self, timeout_s: float) -> None:
         """The run ended: a probe still training gets `timeout_s` to finish, then whatever was
@@ -169,12 +162,20 @@ class Controller(RecordQueue):
         every probe the run paid for; its time to target is already taken)."""
         if self.probes is None or not self.history:
             return
-        last = self.history[-1]
         self.probes.settle(timeout_s)
-        self._report(self.probes.collect(last["step"], last["wall_clock_s"]))
-        measured = self.probes.measure(self.history, last["step"], last["wall_clock_s"], ended=True)
-        if measured is not None:
-            self._report(measured)
+        last = self.history[-1]
+        self._probe_progress(last["step"], last["wall_clock_s"], ended=True)
+        self._save()
+
+    def _probe_progress(self, step: int, wall_clock_s: float, ended: bool) -> None:
+        """Collect a probe that finished, measure one whose run curve is complete (or the run
+        `ended`), and move the planner to the belief's c when a measurement came in."""
+        self._report(self.probes.collect(step, wall_clock_s))
+        measured = self.probes.measure(self.history, step, wall_clock_s, ended=ended)
+        if measured is None:
+            return
+        self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
+        self._report(measured)
         self._save()
 
     def _report(self, record: ProbeRecord | None) -> None:
@@ -240,9 +241,9 @@ class Controller(RecordQueue):
         """Probe when the decision hangs on c: at the belief's low and high quantiles of c the
         policy would leave the run at different GBS (copus.core.probing)."""
         settings = self.spec.probes
-        belief, z = self.probes.belief.drifted(r.samples, settings.drift_sd), settings.quantile_z
+        belief = self.probes.belief.drifted(r.samples, settings.drift_sd)
         actions = []
-        for c in (math.exp(belief.mean - z * belief.sd), math.exp(belief.mean + z * belief.sd)):
+        for c in belief.interval(settings.quantile_z):
             planner = self.base_planner.with_critical_factor(c)
             d = decide(
                 self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), self.last_val_loss
