@@ -16,8 +16,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# The product in one command: COPUS and the static baseline on one workload, then the comparison.
 run: $(STAMP)
-	$(VENV)/bin/copus run experiments/quickstart.yaml --fresh
+	$(VENV)/bin/copus compare experiments/quickstart_compare.yaml
 
 test: $(STAMP) browser
 	$(PY) -m ruff check .

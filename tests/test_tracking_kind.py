@@ -130,3 +130,28 @@ def test_the_printed_table_names_the_tuned_baselines_and_copus_against_the_best(
     assert (
         "  static-gbs32         70.0 s  -> tuned-static" in table and table[-1] == "comparison: runs/s/comparison.json"
     )
+
+
+def test_a_one_seed_comparison_says_it_has_no_interval():
+    """`make run` compares one seed: its line must read as a reading, not as a measurement."""
+    from copus.cluster.compare import comparison_table
+    from copus.core.comparison import summarize
+
+    runs = [
+        {
+            "policy": policy,
+            "repeat": 0,
+            "seed": 3000,
+            "time_to_target_s": t,
+            "reached_target": True,
+            "final_val_loss": 2.2,
+            "samples": 500,
+            "reconfigurations": 0,
+            "wall_clock_s": t,
+            "output_dir": f"runs/q/{policy}/r0",
+        }
+        for policy, t in {"copus": 43.0, "static": 68.6}.items()
+    ]
+    table = comparison_table({"policies": summarize(runs, ["copus", "static"]), "runs": runs}).splitlines()
+    best = next(line for line in table if line.startswith("copus vs best baseline (static), paired log-ratio: "))
+    assert "1 pairs" in best and "no interval: fewer than 2 pairs" in best and "95% CI" not in best

@@ -418,6 +418,8 @@ def _log_ratio(block: dict) -> str:
     ci = block["speedup_ci95"]
     interval = f", 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%}" if ci else ""
     notes = [f"{block['n_pairs']} pairs"]
+    if not ci:  # one seed (make run's demonstration) is a reading, not a measurement
+        notes.append("no interval: fewer than 2 pairs")
     if block["censored_seeds"]:
         notes.append(f"{len(block['censored_seeds'])} baseline miss(es) at its stopping time, a lower bound")
     if block["pairs_excluded"]:
