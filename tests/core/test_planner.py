@@ -117,6 +117,33 @@ def test_switch_costs_by_what_changes():
     assert cheap.best.goodput >= dear.best.goodput
 
 
+def test_a_free_move_below_the_threshold_does_not_shadow_a_costly_one_that_clears_both_tests():
+    # Every batch equally efficient (all noise): goodput is the throughput. From `now`, another GBS
+    # in the same layout is free and 8% ahead; another layout is 12% ahead and costs 25 s of a
+    # 600 s interval (net 107.3 against the free move's 108). The layout move clears the 10%
+    # threshold and repays its cost within the interval, so the rule makes it; the free one,
+    # below the threshold, must neither be made nor keep the run where it is.
+    now, same_layout, other_layout = (
+        CandidateConfig(2, 1, 1, 2, 16),
+        CandidateConfig(2, 1, 1, 2, 32),
+        CandidateConfig(1, 1, 2, 2, 32),
+    )
+    table = {now: 100.0, same_layout: 108.0, other_layout: 112.0}
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10)
+    d = p.decide(now, float("inf"), 600.0, SwitchCosts(25.0))
+    assert d.switch and d.best.config == other_layout and d.kind == "layout"
+    assert d.predicted_gain == pytest.approx(0.12)
+    # When nothing clears both tests the run stays, and the reason names the test that refused.
+    table[other_layout] = 109.0
+    stay = Planner.from_table(table, 16, "pollux", 2.0, 0.10).decide(now, float("inf"), 600.0, SwitchCosts(25.0))
+    assert not stay.switch and stay.best.config == same_layout and "threshold" in stay.reason
+    # Among the moves that clear both, the most net goodput wins: at a 10 s cost the layout move
+    # (112 x 590/600 = 110.1) beats a free 110.
+    table[other_layout], table[same_layout] = 112.0, 110.0
+    cheap = Planner.from_table(table, 16, "pollux", 2.0, 0.10).decide(now, float("inf"), 600.0, SwitchCosts(10.0))
+    assert cheap.switch and cheap.best.config == other_layout
+
+
 def test_pipeline_heavy_at_small_gbs_and_data_parallel_heavy_at_large():
     # A scripted throughput table with the paper's shape: pipelines fill well at small batches
     # (few samples per replica), data parallelism wins once there are enough samples.
