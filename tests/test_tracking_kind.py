@@ -94,27 +94,28 @@ def test_a_comparison_parent_carries_its_figures_per_policy():
     assert "metrics.`time_to_target_s.static`" in columns and "tags.`final_config.copus-gbs`" in columns
 
 
+def _finished_run(policy: str, repeat: int, seed: int, t: float, suite_dir: str) -> dict:
+    """A comparison.json run entry that reached the target in t seconds."""
+    return {
+        "policy": policy,
+        "repeat": repeat,
+        "seed": seed,
+        "time_to_target_s": t,
+        "reached_target": True,
+        "final_val_loss": 2.2,
+        "samples": 500,
+        "reconfigurations": 0,
+        "wall_clock_s": t,
+        "output_dir": f"{suite_dir}/{policy}/r{repeat}",
+    }
+
+
 def test_the_printed_table_names_the_tuned_baselines_and_copus_against_the_best():
     from copus.cluster.compare import comparison_table
     from copus.core.comparison import summarize
 
     times = {"copus": [80.0, 90.0], "static": [100.0, 120.0], "tuned-static": [88.0, 95.0]}
-    runs = [
-        {
-            "policy": policy,
-            "repeat": r,
-            "seed": 1000 + r,
-            "time_to_target_s": t,
-            "reached_target": True,
-            "final_val_loss": 2.2,
-            "samples": 500,
-            "reconfigurations": 0,
-            "wall_clock_s": t,
-            "output_dir": f"runs/s/{policy}/r{r}",
-        }
-        for policy, ts in times.items()
-        for r, t in enumerate(ts)
-    ]
+    runs = [_finished_run(policy, r, 1000 + r, t, "runs/s") for policy, ts in times.items() for r, t in enumerate(ts)]
     candidate = {"entry": "tuned-static", "geomean_time_to_target_s": 70.0}
     tuning = {
         "seeds": [100],
@@ -137,21 +138,7 @@ def test_a_one_seed_comparison_says_it_has_no_interval():
     from copus.cluster.compare import comparison_table
     from copus.core.comparison import summarize
 
-    runs = [
-        {
-            "policy": policy,
-            "repeat": 0,
-            "seed": 3000,
-            "time_to_target_s": t,
-            "reached_target": True,
-            "final_val_loss": 2.2,
-            "samples": 500,
-            "reconfigurations": 0,
-            "wall_clock_s": t,
-            "output_dir": f"runs/q/{policy}/r0",
-        }
-        for policy, t in {"copus": 43.0, "static": 68.6}.items()
-    ]
+    runs = [_finished_run(policy, 0, 3000, t, "runs/q") for policy, t in {"copus": 43.0, "static": 68.6}.items()]
     table = comparison_table({"policies": summarize(runs, ["copus", "static"]), "runs": runs}).splitlines()
     best = next(line for line in table if line.startswith("copus vs best baseline (static), paired log-ratio: "))
     assert "1 pairs" in best and "no interval: fewer than 2 pairs" in best and "95% CI" not in best
