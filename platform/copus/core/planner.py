@@ -208,9 +208,8 @@ class Planner:
         net = goodput * np.clip(1.0 - cost / interval_s, 0.0, None)
         if allowed is not None:
             net = np.where([allowed(c) for c in self.candidates], net, -np.inf)
-        gain = goodput / now_goodput - 1 if now_goodput > 0 else np.full_like(goodput, np.inf)
-        repays = goodput * np.maximum(interval_s - cost, 0.0) > now_goodput * interval_s
-        passes = (gain >= self.threshold) & repays & np.isfinite(net)
+        passes = (_gain(goodput, now_goodput) >= self.threshold) & ~_falls_short(goodput, cost, now_goodput, interval_s)
+        passes &= np.isfinite(net)
         return self.candidates[int(np.argmax(np.where(passes, net, -np.inf) if passes.any() else net))]
 
     def decide(
@@ -236,7 +235,7 @@ class Planner:
             target = self._target(current, now.goodput, b_noise, loss, interval_s, costs, allowed)
         best = self.score(target, b_noise, loss)
         kind, cost = change_kind(current, best.config), costs.of(current, best.config)
-        gain = best.goodput / now.goodput - 1 if now.goodput > 0 else float("inf")
+        gain = float(_gain(best.goodput, now.goodput))
         if best.config == current:
             return Decision(now, best, False, kind, cost, 0.0, "current configuration is the best")
         if chosen_by_policy:  # a baseline's own rule (cbs: follow c x B_noise) is followed, not weighed
@@ -245,7 +244,7 @@ class Planner:
             return Decision(
                 now, best, False, kind, cost, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold"
             )
-        if best.goodput * max(interval_s - cost, 0.0) <= now.goodput * interval_s:
+        if _falls_short(best.goodput, cost, now.goodput, interval_s):
             return Decision(
                 now,
                 best,
@@ -256,3 +255,17 @@ class Planner:
                 f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {interval_s:.0f} s",
             )
         return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")
+
+
+def _gain(goodput, now_goodput: float):
+    """A move's relative goodput gain over staying (infinite when the current configuration has
+    none); scalar or per candidate. The threshold test of `Planner.decide`."""
+    if not now_goodput > 0:  # also NaN: the current configuration is not a candidate
+        return np.full_like(np.asarray(goodput, dtype=float), np.inf)
+    return np.asarray(goodput, dtype=float) / now_goodput - 1
+
+
+def _falls_short(goodput, cost, now_goodput: float, interval_s: float):
+    """Whether a move's goodput over the interval, net of its switching cost, fails to beat
+    staying: the repayment test of `Planner.decide`; scalar or per candidate."""
+    return np.asarray(goodput, dtype=float) * np.maximum(interval_s - np.asarray(cost), 0.0) <= now_goodput * interval_s
