@@ -75,6 +75,13 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     # ... and only the grid's points at the rule's LR enter the fit.
     assert all(len(b["gbs"]) <= len(GRID) for b in data["branch_points"])
 
+    # The switch's transient, read off every grid continuation's kept curve: a row per GBS but B0.
+    b0 = cfg.optimizer.reference_gbs
+    assert [t["branch"] for t in data["transient"]] == [0, 1]
+    for t in data["transient"]:
+        assert [r["gbs"] for r in t["rows"]] == [g for g in GRID if g != b0]
+        assert all(r["seeds"] <= 2 for r in t["rows"]) and "b_crit_late" in t
+
     # Stored beside the profile table, keyed by the workload: the controller's planner reads it.
     tokens, _ = prepare_plan(cfg)
     stored = load_calibration(cfg, tokens.fingerprint)
@@ -104,6 +111,7 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     assert reused["key"]["gns"] != data["key"]["gns"] and reused["path"] != data["path"]
     assert [b["b_crit"] for b in reused["branch_points"]] == [b["b_crit"] for b in data["branch_points"]]
     assert reused["settings"]["points_from"]["id"] == data["id"]
+    assert reused["transient"] is None  # points taken over from a file keep no curves
     assert load_calibration(fixed, tokens.fingerprint)["id"] == reused["id"]
 
 

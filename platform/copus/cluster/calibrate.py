@@ -45,6 +45,7 @@ from copus.core.calibration import (
     with_noise_scales,
 )
 from copus.core.schedule import batch_scale
+from copus.core.transient import transient_table
 from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.data import num_windows
@@ -416,6 +417,9 @@ class Calibration:
         data["settings"] = {**{k: v for k, v in self.settings.items() if k != "cpus"}, "crossing": CROSSING_METHOD}
         if "lr_probe" in self.settings:
             data["lr_probe"] = lr_probe_table(every, self.cfg.optimizer.reference_gbs, self.settings["lr_probe"])
+        data["transient"] = transient_table(
+            every, data["branch_points"], self.cfg.optimizer.reference_gbs, self.settings["decrement"]
+        )
         return finite_json(data)
 
 
@@ -538,6 +542,28 @@ def _lr_probe_lines(probe: dict | None) -> list[str]:
     return lines
 
 
+def _transient_lines(transient: list[dict] | None) -> list[str]:
+    if not transient:
+        return []
+    f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["switch transient: share of the decrement's samples its first half took, against B0's (no switch)"]
+    for t in transient:
+        lines.append(
+            f"  branch {t['branch']}: B_crit first half {f(t['b_crit_first'], '.1f')} "
+            f"({f(t['b_crit_first_low'], '.1f')}..{f(t['b_crit_first_high'], '.1f')}), late half "
+            f"{f(t['b_crit_late'], '.1f')} ({f(t['b_crit_late_low'], '.1f')}..{f(t['b_crit_late_high'], '.1f')}); "
+            f"growth over half a decrement alone x{f(t['growth_expected'], '.2f')}"
+        )
+        for r in t["rows"]:
+            lines.append(
+                f"    gbs {r['gbs']}: first half {f(r['first_half_share'], '.0%')} of E(B) against "
+                f"{f(r['first_half_share_b0'], '.0%')} at B0, gap {f(r['share_gap'], '+.2f')} "
+                f"({f(r['share_gap_low'], '+.2f')}..{f(r['share_gap_high'], '+.2f')}; {r['seeds']}/{r['seeds_b0']} "
+                f"seeds): {f(r['transient_samples'], '.0f')} samples ({f(r['transient_share'], '.0%')} of E(B))"
+            )
+    return lines
+
+
 def calibration_table(data: dict) -> str:
     lines = [
         f"{'branch':>6} {'samples':>8} {'val loss':>8} {'B_crit':>8} {'95% interval':>17} {'fit p':>6} "
@@ -555,6 +581,7 @@ def calibration_table(data: dict) -> str:
             f"{'':>6} E(B) samples: " + ", ".join(f"{g}: {e:.0f}" for g, e in zip(b["gbs"], b["mean_samples"]))
         )
     lines += _lr_probe_lines(data.get("lr_probe"))
+    lines += _transient_lines(data.get("transient"))
     if data.get("cost_in_reference_runs") is not None:
         lines.append(
             f"cost: {data['cost_s']:.0f} s of compute, {data['cost_in_reference_runs']:.1f}x its reference run "
