@@ -117,3 +117,10 @@ def test_the_share_gap_interval_covers_no_transient_at_its_nominal_rate():
         (entry,) = transient_table(_points({}, noise=0.006, seeds=8, seed=100 + rep), BRANCH, B0, DECREMENT)
         covered += [r["share_gap_low"] <= 0.0 <= r["share_gap_high"] for r in entry["rows"]]
     assert np.mean(covered) >= 0.9
+
+
+def test_a_branch_point_without_continuations_reads_nothing_rather_than_failing():
+    branches = [BRANCH[0], {"val_loss": 2.3, "samples_seen": 4000, "b_crit": 80.0}]
+    first, second = transient_table(_points({}), branches, B0, DECREMENT)
+    assert first["b_crit_late"] is not None
+    assert second["rows"] == [] and second["b_crit_first"] is None and second["b_crit_late"] is None

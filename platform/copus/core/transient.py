@@ -105,7 +105,7 @@ def _half_fits(
 ) -> dict:
     """B_crit of one half (0: first, 1: late) of a branch point's continuations, with its 95% interval."""
     val_loss, seen = start
-    n = 1 + max(k for seeds in table.values() for k in seeds)  # row k is seed k at every GBS
+    n = 1 + max((k for seeds in table.values() for k in seeds), default=-1)  # row k is seed k at every GBS
     nan = (float("nan"), float("nan"))
     by_gbs = {g: [seeds.get(k, nan)[which] for k in range(n)] for g, seeds in sorted(table.items())}
     name = ("first", "late")[which]
@@ -139,7 +139,8 @@ def transient_table(points: list[dict], branch_points: list[dict], b0: int, decr
     """What the continuations' curves say of the switch's transient, per branch point (see the
     module's doc): `rows` (per GBS but B0: `first_half_share`, `first_half_share_b0`,
     `share_gap` and its interval, `transient_samples`, `transient_share` of E(B), `seeds`,
-    `seeds_b0`), `b_crit_first` and `b_crit_late` with their intervals, and `growth_expected`. None when no continuation kept a curve (points taken over from a file)."""
+    `seeds_b0`), `b_crit_first` and `b_crit_late` with their intervals, and `growth_expected`.
+    None when no continuation kept a curve (points taken over from a file)."""
     if not any(p.get("curve_samples") for p in points):
         return None
     growth = _growth_over_half(branch_points, decrement)
