@@ -96,6 +96,11 @@ def _add_analysis_commands(sub) -> None:
         help="take over the continuations of this calibration file (same model, optimiser, schedule and "
         "settings; another noise estimator or machine): only the reference run is repeated",
     )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="about 3 runs' time: 2 seeds at 2 of the branch points (docs/calibration.md); --set wins over it",
+    )
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
     p.add_argument("--refresh", action="store_true", help="measure again instead of reusing the stored profile table")
@@ -329,11 +334,22 @@ def experiment_config(args: argparse.Namespace) -> ExperimentConfig:
     )
 
 
+def calibrate_config(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment `copus calibrate` measures: with --quick, the quick mode's settings over
+    the experiment's, and the user's own --set over both."""
+    cfg = experiment_config(args)
+    if not getattr(args, "quick", False):
+        return cfg
+    from copus.cluster.calibrate import quick_overrides  # imports ray
+
+    return experiment_config(argparse.Namespace(**{**vars(args), "overrides": quick_overrides(cfg) + args.overrides}))
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        cfg = experiment_config(args)
+        cfg = calibrate_config(args)
         from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
 
         with _json_stdout(args):

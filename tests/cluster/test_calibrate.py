@@ -13,7 +13,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from copus.cli import main
-from copus.cluster.calibrate import calibration_path, load_calibration, run_calibration
+from copus.cluster.calibrate import (
+    _say_replaced,
+    calibration_path,
+    load_calibration,
+    quick_branches,
+    run_calibration,
+)
 from copus.cluster.launch import prepare_plan
 from copus.config import config_from_mapping
 from copus.core.calibration import CalibratedMapping
@@ -64,6 +70,8 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     own = sum(p["wall_clock_s"] for p in kept)
     assert len(kept) == 20 and data["cost_s"] >= data["reference_run_s"] + own - 1e-6
     assert data["cost_in_reference_runs"] == pytest.approx(data["cost_s"] / data["reference_run_s"])
+    # ... and each continuation's own share of it is in the file.
+    assert sorted(p["wall_clock_s"] for p in data["points"]) == sorted(p["wall_clock_s"] for p in kept)
 
     # The LR probe: the B0 continuations at the jumped LR, against B0 and GBS 32 at the rule's LR.
     probe = data["lr_probe"]
@@ -112,6 +120,7 @@ def test_calibration_measures_fits_and_is_read_by_the_planner(base_mapping):
     assert [b["b_crit"] for b in reused["branch_points"]] == [b["b_crit"] for b in data["branch_points"]]
     assert reused["settings"]["points_from"]["id"] == data["id"]
     assert reused["transient"] is None  # points taken over from a file keep no curves
+    assert all(p["wall_clock_s"] is None for p in reused["points"])  # they cost nothing here
     assert load_calibration(fixed, tokens.fingerprint)["id"] == reused["id"]
 
 
@@ -150,3 +159,41 @@ def test_a_suite_is_calibrated_where_its_runs_look(base_mapping, tmp_path):
     cfg = experiment_config(argparse.Namespace(experiment=str(path), overrides=[]))
     assert cfg.resolved_profile_dir() == (tmp_path / "suite" / "profiles").resolve()
     assert json.loads(json.dumps(cfg.model_dump(mode="json")))["name"] == "test"
+
+
+def test_quick_mode_keeps_two_seeds_at_two_middle_branch_points(tmp_path):
+    import argparse
+
+    from copus.cli import calibrate_config
+
+    experiment = yaml.safe_load(Path("experiments/tradeoff_cpu.yaml").read_text())
+    experiment["calibration"]["seeds"] = 6
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(experiment))
+
+    assert quick_branches([320, 1280, 3840, 9600]) == [1280, 3840]  # neither the warm-up's nor the dearest
+    assert quick_branches([1, 2, 3, 4, 5]) == [2, 3]
+    assert quick_branches([16, 48, 96]) == [16, 48]  # three: not the dearest
+    assert quick_branches([16, 48]) == [16, 48]
+
+    def cfg(*overrides, quick=True):
+        args = argparse.Namespace(experiment=str(tmp_path / "exp.yaml"), overrides=list(overrides), quick=quick)
+        return calibrate_config(args)
+
+    quick = cfg()
+    assert (quick.calibration.seeds, quick.calibration_branches()) == (2, [1280, 3840])
+    assert quick.calibration_grid() == cfg(quick=False).calibration_grid()  # the grid is the experiment's
+    assert cfg("calibration.seeds=3").calibration.seeds == 3  # the user's --set wins
+    assert cfg("calibration.branch_samples=[16, 32, 64, 128]").calibration_branches() == [16, 32, 64, 128]
+    assert cfg(quick=False).calibration.seeds == 6 and cfg(quick=False).calibration_branches() == [320, 1280, 3840, 9600]
+
+
+def test_a_calibration_that_measured_less_says_what_it_replaces(tmp_path):
+    from copus.storage import Location
+
+    path = Location.parse(str(tmp_path / "calibration-x.json"))
+    lines: list[str] = []
+    _say_replaced(path, {"points": [{}] * 8}, lines.append)  # nothing there yet
+    path.write_text(json.dumps({"points": [{}] * 32}))
+    _say_replaced(path, {"points": [{}] * 32}, lines.append)  # as many: a rerun
+    _say_replaced(path, {"points": [{}] * 8}, lines.append)
+    assert len(lines) == 1 and "replaces a calibration of 32 continuations with this one of 8" in lines[0]
