@@ -101,6 +101,13 @@ def speedup_cell(s: dict) -> str:
         ci = entry.get("paired_speedup_ci95")
         if ci is not None:
             text += f"; {label} {entry['paired_speedup_mean']:+.1%} (95% CI {ci[0]:+.1%} .. {ci[1]:+.1%})"
+    best = s.get("vs_best_baseline") or {}
+    if best.get("samples_ratio_ci95") and best.get("speed_ratio_ci95"):  # goodput's two sides of it
+        (a, b), (c, d) = best["samples_ratio_ci95"], best["speed_ratio_ci95"]
+        text += (
+            f"; vs {best['baseline']}: statistical side x{best['samples_ratio']:.2f} ({a:.2f} .. {b:.2f}), "
+            f"throughput side x{best['speed_ratio']:.2f} ({c:.2f} .. {d:.2f})"
+        )
     return text
 
 

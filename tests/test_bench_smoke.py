@@ -17,6 +17,8 @@ from tests.conftest import REPO
 NUMBER = r"[-+]?\d+(\.\d+)?"
 # Each script's documented last line (a public interface: other people's scripts read it).
 LAST_LINES = {
+    "calibration_seeds.py": rf"seeds \d+: B_crit within x{NUMBER} of all seeds' in {NUMBER}%, intervals hold it in "
+    rf"{NUMBER}% \(worst branch point\)",
     "faults.py": rf"time lost to one controller kill: ({NUMBER} s \({NUMBER}% of the clean run\)|n/a .*)",
     "gns_overhead.py": rf"worst probe overhead: {NUMBER}%",
     "gpu_check.py": r'\{"check": "resume-(bf16|fp32)", "resumed_steps": \[.*\], "max_rel_loss_diff": .*\}',

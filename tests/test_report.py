@@ -337,3 +337,27 @@ def test_report_of_an_output_directory_appends_its_calibrations(tmp_path):
     assert page.index("<h2>Curves</h2>") < page.index("<h2>Calibration abc123def456</h2>")
     assert "rejected: curve kept" in page and "+6.7% vs static" in page
     _rendered_in_chromium(outdir / "report.html", 7)
+
+
+def test_the_speedup_cell_shows_goodputs_two_sides_against_the_best_baseline():
+    from dashboards.report import speedup_cell
+
+    entry = {
+        "speedup_vs_fastest_baseline": 0.15,
+        "fastest_baseline": "static",
+        "paired_speedup_mean": 0.16,
+        "paired_speedup_ci95": [0.08, 0.25],
+        "vs_best_baseline": {
+            "baseline": "tuned-static",
+            "samples_ratio": 0.79,
+            "samples_ratio_ci95": [0.71, 0.87],
+            "speed_ratio": 1.48,
+            "speed_ratio_ci95": [1.31, 1.66],
+        },
+    }
+    assert speedup_cell(entry) == (
+        "+15.0% vs static; paired +16.0% (95% CI +8.0% .. +25.0%); vs tuned-static: statistical side x0.79 "
+        "(0.71 .. 0.87), throughput side x1.48 (1.31 .. 1.66)"
+    )
+    one_pair = {**entry, "vs_best_baseline": {**entry["vs_best_baseline"], "samples_ratio_ci95": None}}
+    assert "statistical side" not in speedup_cell(one_pair)  # no interval, no claim

@@ -76,6 +76,7 @@ def test_a_comparison_parent_carries_its_figures_per_policy():
             "paired_speedup_mean": 0.1,
             "paired_speedup_ci95": [0.02, 0.18],
             "vs_copus_gbs": {"paired_speedup_mean": 0.04},
+            "vs_best_baseline": {"speedup": 0.11, "samples_ratio": 0.8, "speed_ratio": 1.39},
         },
         "copus-gbs": {"speedup_vs_fastest_baseline": 0.07, "paired_speedup_mean": 0.06},
         "static": {},
@@ -83,6 +84,9 @@ def test_a_comparison_parent_carries_its_figures_per_policy():
     assert speedup_metrics(policies) == {
         "speedup_vs_fastest_baseline": 0.12,
         "paired_speedup_mean": 0.1,
+        "speedup_vs_best_baseline": 0.11,
+        "samples_ratio_vs_best_baseline": 0.8,  # goodput's two sides of it
+        "speed_ratio_vs_best_baseline": 1.39,
         "speedup_vs_fastest_baseline.copus-gbs": 0.07,
         "paired_speedup_mean.copus-gbs": 0.06,
         "paired_speedup_vs_copus_gbs": 0.04,

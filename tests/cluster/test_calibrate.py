@@ -184,7 +184,8 @@ def test_quick_mode_keeps_two_seeds_at_two_middle_branch_points(tmp_path):
     assert quick.calibration_grid() == cfg(quick=False).calibration_grid()  # the grid is the experiment's
     assert cfg("calibration.seeds=3").calibration.seeds == 3  # the user's --set wins
     assert cfg("calibration.branch_samples=[16, 32, 64, 128]").calibration_branches() == [16, 32, 64, 128]
-    assert cfg(quick=False).calibration.seeds == 6 and cfg(quick=False).calibration_branches() == [320, 1280, 3840, 9600]
+    full = cfg(quick=False)
+    assert full.calibration.seeds == 6 and full.calibration_branches() == [320, 1280, 3840, 9600]
 
 
 def test_a_calibration_that_measured_less_says_what_it_replaces(tmp_path):

@@ -122,6 +122,35 @@ def test_paired_log_ratios_per_baseline_and_against_the_best_baseline():
     assert "copus" not in out["copus"]["paired_log_ratio"]  # only baselines
 
 
+def test_the_paired_log_ratio_splits_into_a_statistical_and_a_throughput_side():
+    import math
+
+    # COPUS needs 1.3x the samples and gets through them 1.6x as fast (x1.5..1.7 over the seeds).
+    static = [(100.0, 6000), (110.0, 6200), (95.0, 5800), (105.0, 6100)]
+    speedup = [1.5, 1.6, 1.7, 1.6]
+    copus = [(t * 1.3 / f, n * 1.3) for (t, n), f in zip(static, speedup)]
+    runs = [seeded("copus", r, t, samples=n) for r, (t, n) in enumerate(copus)]
+    runs += [seeded("static", r, t, samples=n) for r, (t, n) in enumerate(static)]
+    block = summarize(runs, ["copus", "static"])["copus"]["vs_best_baseline"]
+
+    for pair in block["pairs"]:  # the two sides add up to the pair's log-ratio
+        assert pair["samples_log_ratio"] + pair["speed_log_ratio"] == pytest.approx(pair["log_ratio"])
+        assert pair["samples_log_ratio"] == pytest.approx(-math.log(1.3))
+    assert block["n_sides"] == 4
+    assert block["samples_ratio"] == pytest.approx(1 / 1.3)
+    assert block["samples_log_ratio_ci95"] == pytest.approx([-math.log(1.3)] * 2)  # no spread: no width
+    assert block["speed_ratio"] == pytest.approx(math.exp(sum(map(math.log, speedup)) / 4))
+    low, high = block["speed_ratio_ci95"]
+    assert 1.45 < low < block["speed_ratio"] < high < 1.75
+    assert block["samples_log_ratio_mean"] + block["speed_log_ratio_mean"] == pytest.approx(block["log_ratio_mean"])
+
+    # A censored pair (static missed: its time is a bound, its samples bound nothing) has no sides.
+    runs[-1] = seeded("static", 3, None, wall=300.0, samples=9000)
+    block = summarize(runs, ["copus", "static"])["copus"]["paired_log_ratio"]["static"]
+    assert block["n_pairs"] == 4 and block["n_sides"] == 3
+    assert block["pairs"][-1]["samples_log_ratio"] is None and block["pairs"][-1]["speed_log_ratio"] is None
+
+
 def test_a_missed_baseline_is_censored_at_its_wall_clock_and_a_missed_copus_pair_left_out():
     import math
 

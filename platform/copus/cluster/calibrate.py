@@ -42,6 +42,7 @@ from copus.core.calibration import (
     finite_json,
     fit_branches,
     lr_probe_table,
+    samples_by_gbs,
     with_noise_scales,
 )
 from copus.core.schedule import batch_scale
@@ -409,10 +410,7 @@ class Calibration:
         points = [p for p in every if p.get("lr_factor", 1.0) == 1.0]  # the grid, at the rule's LR
         sweeps = []
         for i, b in enumerate(branches):
-            by_gbs: dict[int, list[float]] = {}
-            for p in points:
-                if p["branch"] == i:
-                    by_gbs.setdefault(p["gbs"], []).append(p["samples"] if p["reached"] else float("nan"))
+            by_gbs = samples_by_gbs(points, i)
             sweeps.append(Sweep(_start_loss(points, i, b), self.settings["decrement"], b["samples"], by_gbs))
         fits = [
             with_noise_scales(fit, b["b_noise"], b["b_noise_adam"], b["b_noise_run"])

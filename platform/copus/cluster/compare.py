@@ -292,8 +292,10 @@ def speedup_metrics(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> dic
         for key in ("speedup_vs_fastest_baseline", "paired_speedup_mean"):
             if s.get(key) is not None:
                 out[key + suffix] = s[key]
-        if (s.get("vs_best_baseline") or {}).get("speedup") is not None:
-            out["speedup_vs_best_baseline" + suffix] = s["vs_best_baseline"]["speedup"]
+        best = s.get("vs_best_baseline") or {}
+        for key in ("speedup", "samples_ratio", "speed_ratio"):  # the speedup and its two sides
+            if best.get(key) is not None:
+                out[f"{key}_vs_best_baseline{suffix}"] = best[key]
     ablation = policies.get("copus", {}).get("vs_copus_gbs") or {}
     if ablation.get("paired_speedup_mean") is not None:
         out["paired_speedup_vs_copus_gbs"] = ablation["paired_speedup_mean"]
@@ -408,10 +410,23 @@ def log_ratio_lines(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> lis
         best = (policies.get(policy) or {}).get("vs_best_baseline")
         if best and best["log_ratio_mean"] is not None:
             lines.append(f"{policy} vs best baseline ({best['baseline']}), paired log-ratio: {_log_ratio(best)}")
+            lines += side_lines(best)
     for baseline, block in (policies.get("copus") or {}).get("paired_log_ratio", {}).items():
         if block["log_ratio_mean"] is not None:
             lines.append(f"  copus vs {baseline}: {_log_ratio(block)}")
     return lines
+
+
+def side_lines(block: dict) -> list[str]:
+    """The speedup's two factors (copus.core.comparison.goodput_sides), when they have intervals."""
+    if not block.get("samples_ratio_ci95") or not block.get("speed_ratio_ci95"):
+        return []
+    (s_low, s_high), (v_low, v_high) = block["samples_ratio_ci95"], block["speed_ratio_ci95"]
+    return [
+        f"    = statistical side x{block['samples_ratio']:.2f} (95% CI {s_low:.2f} .. {s_high:.2f}; the baseline's "
+        f"samples to target over these) x throughput side x{block['speed_ratio']:.2f} ({v_low:.2f} .. {v_high:.2f}; "
+        f"samples per second over the baseline's), {block['n_sides']} pairs"
+    ]
 
 
 def _log_ratio(block: dict) -> str:

@@ -257,6 +257,16 @@ class Sweep:
     points: dict[int, list[float]]
 
 
+def samples_by_gbs(points: list[dict], branch: int, seeds: set[int] | None = None) -> dict[int, list[float]]:
+    """A branch point's continuations (`points` in seed order; those of `seeds` only, when given)
+    as a Sweep's {gbs: [samples to the decrement per seed]}: NaN where one did not reach it."""
+    by_gbs: dict[int, list[float]] = {}
+    for p in points:
+        if p["branch"] == branch and (seeds is None or p["seed"] in seeds):
+            by_gbs.setdefault(p["gbs"], []).append(p["samples"] if p["reached"] else float("nan"))
+    return by_gbs
+
+
 def _seed_matrix(points: dict[int, list[float]]) -> tuple[np.ndarray, np.ndarray]:
     """(grid, samples[seed, gbs]) over the batch sizes and seeds that measured anything; NaN
     where a seed did not. Seed k is row k at every GBS: it read the same data at each."""

@@ -174,7 +174,7 @@ def paired_log_ratio(runs: list[dict], baseline: str, ours: str = "copus") -> di
             continue
         if not theirs["reached_target"]:
             censored.append(mine.get("seed"))
-        pairs.append({"repeat": repeat, "seed": mine.get("seed"), "log_ratio": log_ratio})
+        pairs.append({"repeat": repeat, "seed": mine.get("seed"), "log_ratio": log_ratio, **_sides(mine, theirs)})
     mean, ci = mean_ci95([p["log_ratio"] for p in pairs])
     return {
         "baseline": baseline,
@@ -188,7 +188,35 @@ def paired_log_ratio(runs: list[dict], baseline: str, ours: str = "copus") -> di
         "pairs_excluded": len(excluded),
         "excluded_seeds": excluded,
         "complete": not excluded,
+        **goodput_sides(pairs),
     }
+
+
+def _sides(mine: dict, theirs: dict) -> dict:
+    """A pair's log-ratio split into its two factors, when both runs reached the target:
+    log(samples_theirs / samples_mine), the statistical side (how many fewer samples `mine`
+    needed), and log(speed_mine / speed_theirs), the throughput side (speed = samples to target
+    over time to target, evaluations and reconfigurations included). They add up to the pair's
+    log-ratio. Null for a censored pair (a missed run's samples bound nothing)."""
+    if not theirs["reached_target"] or not mine.get("samples") or not theirs.get("samples"):
+        return {"samples_log_ratio": None, "speed_log_ratio": None}
+    samples = math.log(theirs["samples"] / mine["samples"])
+    return {"samples_log_ratio": samples, "speed_log_ratio": _pair_log_ratio(mine, theirs) - samples}
+
+
+def goodput_sides(pairs: list[dict]) -> dict:
+    """Goodput = throughput x statistical efficiency, measured: the mean of each side's paired
+    log-ratio with its 95% Student-t interval and the ratio it implies, over the pairs that have
+    both (`n_sides`). `samples_ratio` < 1 is `ours` needing more samples to the target than the
+    baseline; `speed_ratio` > 1 is it getting through them faster."""
+    split = [p for p in pairs if p.get("samples_log_ratio") is not None]
+    out: dict = {"n_sides": len(split)}
+    for side in ("samples", "speed"):
+        mean, ci = mean_ci95([p[f"{side}_log_ratio"] for p in split])
+        out[f"{side}_log_ratio_mean"], out[f"{side}_log_ratio_ci95"] = mean, ci
+        out[f"{side}_ratio"] = math.exp(mean) if mean is not None else None
+        out[f"{side}_ratio_ci95"] = [math.exp(x) for x in ci] if ci else None
+    return out
 
 
 def _pair_log_ratio(mine: dict, theirs: dict) -> float | None:
