@@ -38,11 +38,16 @@ def table(rows: list[dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("calibration", help="a calibration file (calibration-<id>.json or --json output)")
+    parser.add_argument(
+        "calibration",
+        nargs="?",
+        default="docs/results/calibration-tradeoff-transient.json",
+        help="a calibration file (calibration-<id>.json or --json output; default: the trade-off workload's 8 seeds)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[2], help="subset sizes k")
     parser.add_argument("--limit", type=int, default=200, help="at most this many subsets per k (drawn at random)")
     parser.add_argument("--draws", type=int, default=400, help="bootstrap draws of each fit's interval")
-    args = parse_args(parser, {"seeds": [1], "limit": 3, "draws": 50})
+    args = parse_args(parser, {"calibration": "docs/calibration-quickstart.json", "seeds": [1], "limit": 3, "draws": 50})
     data = json.loads(Path(args.calibration).read_text())
     rows = [row for k in args.seeds for row in seed_subsets(data, k, args.limit, args.draws)]
     print("\n".join(table(rows)))

@@ -18,7 +18,9 @@ from tests.browser import NO_BROWSER, browser, dump_dom, mlflow_ui
 
 pytestmark = pytest.mark.slow
 
-POLICIES = ["copus", "copus-gbs", "static"]
+# copus-gbs is left out for time: its rule (GBS only, in the current layout and MBS) is tested in
+# tests/core/test_planner.py, and vs_copus_gbs in tests/core/test_comparison.py.
+POLICIES = ["copus", "static"]
 
 
 def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys, monkeypatch):
@@ -57,13 +59,7 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys, 
     assert [(r["policy"], r["repeat"], r["seed"], r["position"]) for r in result["runs"]] == [
         (policy, repeat, repeat, position) for repeat in (0, 1) for position, policy in enumerate(orders[repeat])
     ]
-    gbs_only = [r for r in result["runs"] if r["policy"] == "copus-gbs"]
-    assert all(
-        {k: r["final_layout"][k] for k in ("dp", "tp", "pp", "mbs")}
-        == {k: r["initial_layout"][k] for k in ("dp", "tp", "pp", "mbs")}
-        for r in gbs_only
-    )  # only the GBS moves
-    for policy in ("copus", "copus-gbs", "static"):
+    for policy in POLICIES:
         stats = result["policies"][policy]
         assert stats["runs"] == 2 and {
             "time_to_target_s",
@@ -74,16 +70,12 @@ def test_compare_runs_policies_under_one_parent(base_mapping, tmp_path, capsys, 
         } <= set(stats)
     copus = result["policies"]["copus"]
     stats = result["policies"]
-    done = [b for b in entries if b not in ("copus", "copus-gbs") and stats[b]["reached_target"]]  # static, tuned
-    for ours in ("copus", "copus-gbs"):  # the ablation is measured against the baselines, never one itself
-        s = stats[ours]
-        if s["reached_target"] and done:
-            fastest = min(done, key=lambda b: stats[b]["time_to_target_s"])
-            expected = stats[fastest]["time_to_target_s"] / s["time_to_target_s"] - 1
-            assert s["speedup_vs_fastest_baseline"] == pytest.approx(expected) and s["fastest_baseline"] == fastest
-            assert len(s["paired_speedup_per_repeat"]) == 2 and s["paired_speedup_ci95"] is not None
-    if copus["reached_target"] and result["policies"]["copus-gbs"]["reached_target"]:
-        assert len(copus["vs_copus_gbs"]["paired_speedup_per_repeat"]) == 2
+    done = [b for b in entries if b != "copus" and stats[b]["reached_target"]]  # static, tuned
+    if copus["reached_target"] and done:
+        fastest = min(done, key=lambda b: stats[b]["time_to_target_s"])
+        expected = stats[fastest]["time_to_target_s"] / copus["time_to_target_s"] - 1
+        assert copus["speedup_vs_fastest_baseline"] == pytest.approx(expected) and copus["fastest_baseline"] == fastest
+        assert len(copus["paired_speedup_per_repeat"]) == 2 and copus["paired_speedup_ci95"] is not None
     assert len(list((tmp_path / "cmp" / "profiles").glob("profile-*.json"))) == 1  # profiled once
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -153,7 +145,7 @@ def _the_mlflow_ui_shows_the_results(tmp_path, result, parent):
         view = ui_runs_url(base, result["mlflow_experiment_id"], result["mlflow_view_key"])
         dom = dump_dom(view, budget_ms=20000, window="4000,1200")
         assert parent.info.run_name in dom and parent.info.run_name.startswith("compare: tiny-suite | ")
-        for column in comparison_columns(["copus", "copus-gbs", "static"]):
+        for column in comparison_columns(POLICIES):
             assert f'col-id="{column}"' in dom, column
         cells = re.findall(r'cell-metrics\.`time_to_target_s\.static`-\d+" class="ag-cell-value">([^<]*)<', dom)
         if result["policies"]["static"]["reached_target"]:  # the parent's cell (its children's are empty)
