@@ -47,7 +47,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[2], help="subset sizes k")
     parser.add_argument("--limit", type=int, default=200, help="at most this many subsets per k (drawn at random)")
     parser.add_argument("--draws", type=int, default=400, help="bootstrap draws of each fit's interval")
-    args = parse_args(parser, {"calibration": "docs/calibration-quickstart.json", "seeds": [1], "limit": 3, "draws": 50})
+    args = parse_args(
+        parser, {"calibration": "docs/calibration-quickstart.json", "seeds": [1], "limit": 3, "draws": 50}
+    )
     data = json.loads(Path(args.calibration).read_text())
     rows = [row for k in args.seeds for row in seed_subsets(data, k, args.limit, args.draws)]
     print("\n".join(table(rows)))
