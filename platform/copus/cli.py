@@ -99,7 +99,8 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="about 3 runs' time: 2 seeds at 2 of the branch points (docs/calibration.md); --set wins over it",
+        help="2 seeds at 2 of the branch points, a quarter of a default calibration's continuations "
+        "(docs/calibration.md); --set wins over it",
     )
     p = sub.add_parser("profile", help="measure step times of the search space, fit and check the step-time model")
     _add_experiment_args(p)
