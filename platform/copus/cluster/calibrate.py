@@ -41,6 +41,7 @@ from copus.core.calibration import (
     calibration_problem,
     finite_json,
     fit_branches,
+    grid_points,
     lr_probe_table,
     samples_by_gbs,
     with_noise_scales,
@@ -407,7 +408,7 @@ class Calibration:
 
     def fit(self, branches: list[dict], wall_clock_s: float) -> dict:
         every = sorted(self.done().values(), key=lambda p: (p["branch"], p["gbs"], p.get("lr_factor", 1.0), p["seed"]))
-        points = [p for p in every if p.get("lr_factor", 1.0) == 1.0]  # the grid, at the rule's LR
+        points = grid_points(every)
         sweeps = []
         for i, b in enumerate(branches):
             by_gbs = samples_by_gbs(points, i)

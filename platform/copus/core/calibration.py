@@ -257,6 +257,15 @@ class Sweep:
     points: dict[int, list[float]]
 
 
+def is_grid_point(point: dict) -> bool:
+    """A continuation of the grid, at the rule's LR (what the fits read), not one of the LR probe's."""
+    return point.get("lr_factor", 1.0) == 1.0
+
+
+def grid_points(points: list[dict]) -> list[dict]:
+    return [p for p in points if is_grid_point(p)]
+
+
 def samples_by_gbs(points: list[dict], branch: int, seeds: set[int] | None = None) -> dict[int, list[float]]:
     """A branch point's continuations (`points` in seed order; those of `seeds` only, when given)
     as a Sweep's {gbs: [samples to the decrement per seed]}: NaN where one did not reach it."""

@@ -16,20 +16,15 @@ import math
 
 import numpy as np
 
-from copus.core.calibration import BOOTSTRAP, Sweep, fit_branches, samples_by_gbs
+from copus.core.calibration import BOOTSTRAP, Sweep, fit_branches, grid_points, samples_by_gbs
 
 # B_crit within this factor of the all-seed fit: as close as a planner needs it (at B0 = 16 and
 # B_crit near 50, x1.5 moves the efficiency of GBS 64 by about 0.1).
 CLOSE_FACTOR = 1.5
 
 
-def grid_points(data: dict) -> list[dict]:
-    """The calibration file's continuations at the rule's LR (the ones its fit reads)."""
-    return [p for p in data["points"] if p.get("lr_factor", 1.0) == 1.0]
-
-
 def _sweeps(data: dict, seeds: set[int] | None) -> list[Sweep]:
-    points = grid_points(data)
+    points = grid_points(data["points"])
     return [
         Sweep(b["val_loss"], data["decrement"], b["samples_seen"], samples_by_gbs(points, i, seeds))
         for i, b in enumerate(data["branch_points"])
@@ -41,7 +36,7 @@ def seed_subsets(data: dict, k: int, limit: int = 200, draws: int = BOOTSTRAP, s
     `limit` of them drawn at random), the ratio of theirs to it (10th, 50th, 90th percentile),
     the share within CLOSE_FACTOR of it, the share of their 95% intervals that hold it, and
     their intervals' median width (high / low)."""
-    seeds = sorted({p["seed"] for p in grid_points(data)})
+    seeds = sorted({p["seed"] for p in grid_points(data["points"])})
     if not 1 <= k <= len(seeds):
         raise ValueError(f"seeds: need 1 to {len(seeds)} (the calibration's), got {k}")
     subsets = list(itertools.combinations(seeds, k))

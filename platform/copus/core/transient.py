@@ -33,7 +33,14 @@ import math
 import numpy as np
 from scipy import stats
 
-from copus.core.calibration import INTERVAL, Sweep, crossing_unresolved, fit_branches, smoothed_crossing
+from copus.core.calibration import (
+    INTERVAL,
+    Sweep,
+    crossing_unresolved,
+    fit_branches,
+    is_grid_point,
+    smoothed_crossing,
+)
 
 
 def halves(point: dict, decrement: float) -> tuple[float, float]:
@@ -55,7 +62,7 @@ def _by_seed(points: list[dict], branch: int, decrement: float) -> dict[int, dic
     """{gbs: {seed: (E_first, E_late)}} of a branch point's grid continuations."""
     out: dict[int, dict[int, tuple[float, float]]] = {}
     for p in points:
-        if p["branch"] == branch and p.get("lr_factor", 1.0) == 1.0:
+        if p["branch"] == branch and is_grid_point(p):
             out.setdefault(p["gbs"], {})[p["seed"]] = halves(p, decrement)
     return out
 
