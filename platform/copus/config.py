@@ -290,6 +290,10 @@ class CalibrationConfig(Section):
     # interval a factor 3 wide or more and the goodness-of-fit test with little to go on.
     seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
+    # > 0: the interval grows to this share of the samples since the branch point, when that is
+    # longer (copus.core.schedule.Cadence); the quick mode's 0.25 evaluates a long continuation
+    # about half as often. 0: every eval_every_samples.
+    eval_growth: float = Field(0.0, ge=0.0, le=1.0)
     # The calibration's validation set; default: see validation_samples.
     val_samples: int | None = Field(None, ge=1)
     max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached

@@ -136,6 +136,11 @@ def check_settings(cfg: ExperimentConfig) -> None:
 # its 8-seed calibration gave B_crit within x1.5 of the 8 seeds' in 96% of cases
 # (docs/calibration.md, "A quick calibration").
 QUICK_SEEDS = 2
+# ... and evaluations at intervals growing to a quarter of the samples since the branch point.
+# On a curve that falls evenly, the crossing's window (a third of the decrement either side)
+# spans 2/3 to 4/3 of its samples: log(2)/log(1.25) = 3.1 evaluations, the 3 its line fit needs
+# (copus.core.calibration.smoothed_crossing); what it changes is measured in docs/calibration.md.
+QUICK_EVAL_GROWTH = 0.25
 
 
 def quick_branches(branches: list[int]) -> list[int]:
@@ -151,7 +156,11 @@ def quick_branches(branches: list[int]) -> list[int]:
 def quick_overrides(cfg: ExperimentConfig) -> list[str]:
     """The `--set` overrides the quick mode stands for, from the experiment's own settings."""
     branches = quick_branches(cfg.calibration_branches())
-    return [f"calibration.seeds={QUICK_SEEDS}", f"calibration.branch_samples=[{', '.join(map(str, branches))}]"]
+    return [
+        f"calibration.seeds={QUICK_SEEDS}",
+        f"calibration.branch_samples=[{', '.join(map(str, branches))}]",
+        f"calibration.eval_growth={QUICK_EVAL_GROWTH}",
+    ]
 
 
 # --- what runs on the Ray workers ---------------------------------------------------------
@@ -200,6 +209,7 @@ def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
             settings["eval_every_samples"],
             settings["val_samples"],
             point.get("lr_factor", 1.0),
+            settings.get("eval_growth", 0.0),
         )
     tune.report({**result, "branch": point["branch"]})
 
@@ -285,6 +295,8 @@ class Calibration:
             "gns_steps": c.gns_steps,
             "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
         }
+        if c.eval_growth > 0:  # only then: the work folders of calibrations made before it keep their ids
+            self.settings["eval_growth"] = c.eval_growth
         # The work folder is keyed by the settings too: other settings, other runs.
         self.work = (
             self.path.parent
