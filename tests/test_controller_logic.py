@@ -219,28 +219,49 @@ def test_the_controller_reads_the_calibration_at_the_runs_progress():
 PROBE_TABLE = ((CandidateConfig(2, 1, 1, 2, 8), 100.0), (CandidateConfig(2, 1, 1, 2, 16), 120.0))
 
 
-def _probing_controller(tmp_path, prior_sd: float) -> Controller:
+def _probing_controller(tmp_path, prior_sd: float, min_value_ratio: float = 1.0) -> Controller:
     from copus.cluster.probes import ProbeSource
     from copus.core.probing import ProbeSettings
     from copus.storage import Location
 
-    settings = ProbeSettings(prior_sd=prior_sd, first_samples=0)
+    settings = ProbeSettings(prior_sd=prior_sd, first_samples=0, min_value_ratio=min_value_ratio)
     source = ProbeSource(plan=None, checkpoint_root=Location.parse(str(tmp_path)))  # not reached here
     return Controller(spec(throughputs=PROBE_TABLE, probes=settings), probe_source=source)
 
 
 def test_the_controller_asks_for_a_branch_once_when_its_decision_hangs_on_c(tmp_path):
     # B_noise 10: at c = 2 SE(16)/SE(8) = 28/36, GBS 16's goodput 93 < 100, so the run stays; at
-    # the belief's high quantile (c = 2 e^3 = 40) it is 117: a decision that hangs on c.
+    # the belief's high quantile (c = 2 e^3 = 40) it is 117: a decision that hangs on c. 40 s
+    # into the run a probe pays: half the 26% at stake over 40 s more, against 192 samples at 80/s.
     c = _probing_controller(tmp_path, prior_sd=3.0)
     start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 1.0, start, b_noise=10.0))
-    c.push(step(2, 12.0, start, b_noise=10.0))
-    assert c.evaluations[-1]["switch"] is False
+    c.push(step(2, 40.0, start, b_noise=10.0))
+    assert c.evaluations[-1]["switch"] is False and c.evaluations[-1]["probe"]["worth"] is True
     request = c.decision()
     assert isinstance(request, BranchRequest) and "GBS 16" in request.reason
     assert c.decision() is None  # asked for once
     assert c.snapshot()["belief"]["c"] == pytest.approx(2.0)
+
+
+def test_a_probe_that_would_not_pay_for_itself_is_declined_and_says_why(tmp_path):
+    # The same decision 12 s into the run: the probe's expected saving, 0.5 x 26% x 12 s = 1.6 s,
+    # is less than its 2.4 s (192 samples at the run's 80 samples/s).
+    c = _probing_controller(tmp_path, prior_sd=3.0)
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    c.push(step(1, 1.0, start, b_noise=10.0))
+    c.push(step(2, 12.0, start, b_noise=10.0))
+    probe = c.evaluations[-1]["probe"]
+    assert probe["worth"] is False and probe["gbs"] == 16
+    low, high = 10 * 2 * math.exp(-3), 10 * 2 * math.exp(3)  # B_crit at the quantiles: c x B_noise
+    se16_low, se16_high = (low + 8) / (low + 16), (high + 8) / (high + 16)
+    assert probe["stake"] == pytest.approx(0.5 * ((1 - se16_low * 120 / 100) + (1 - 100 / (se16_high * 120))))
+    assert probe["value_s"] == pytest.approx(0.5 * probe["stake"] * 12.0) and probe["cost_s"] == pytest.approx(192 / 80)
+    assert c.decision() is None and c.snapshot()["probes_declined"] == 1
+    always = _probing_controller(tmp_path, prior_sd=3.0, min_value_ratio=0.0)  # the test switched off
+    always.push(step(1, 1.0, start, b_noise=10.0))
+    always.push(step(2, 12.0, start, b_noise=10.0))
+    assert isinstance(always.decision(), BranchRequest)
 
 
 def test_the_controller_does_not_probe_where_the_decision_does_not_hang_on_c(tmp_path):
@@ -320,6 +341,23 @@ def test_a_probe_is_short_early_long_enough_for_its_larger_batch_and_capped():
     assert probe_length(s, 640, 16, 64) == 768  # 12 steps of GBS 64
     assert probe_length(s, 8000, 16, 64) == 1024  # capped
     assert probe_length(s, 8000, 16, 128) == 1536  # unless 12 steps need more
+
+
+def test_a_probe_pays_when_half_the_stake_over_the_run_so_far_exceeds_its_time():
+    from copus.core.probing import ProbeSettings, decision_stake, probe_value
+
+    # At the low quantile staying gives 100 and moving 80; at the high one moving 125, staying 100.
+    assert decision_stake((100.0, 125.0), (80.0, 100.0)) == pytest.approx(0.2)
+    assert math.isnan(decision_stake((100.0, math.nan), (80.0, 100.0)))  # a configuration not scored
+    s = ProbeSettings(min_value_ratio=1.0)
+    early = probe_value(s, 0.2, elapsed_s=30.0, probe_samples=800, run_speed=100.0)
+    assert (early.value_s, early.cost_s, early.worth) == (pytest.approx(3.0), pytest.approx(8.0), False)
+    assert probe_value(s, 0.2, elapsed_s=80.0, probe_samples=800, run_speed=100.0).worth  # 8 s against 8 s
+    assert probe_value(ProbeSettings(min_value_ratio=2.0), 0.2, 80.0, 800, 100.0).worth is False
+    assert probe_value(ProbeSettings(min_value_ratio=0.0), 0.2, 1.0, 800, 100.0).worth  # the test off
+    unknown = probe_value(s, math.nan, 30.0, 800, 100.0)
+    assert unknown.worth and unknown.as_dict()["value_s"] is None  # no stake known: probed, as before
+    assert probe_value(s, 0.2, 30.0, 800, math.nan).worth  # no speed measured yet: likewise
 
 
 def test_probe_settings_follow_the_config_and_stay_off_with_a_calibration_or_a_baseline(base_mapping):

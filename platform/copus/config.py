@@ -188,6 +188,9 @@ class ProbesConfig(Section):
     prior_sd: float = Field(0.69, gt=0.0)  # sd of log c before any probe (a factor of 2)
     drift_sd: float = Field(0.5, ge=0.0)  # random walk of log c per e-fold of samples seen
     quantile_z: float = Field(1.0, gt=0.0)  # the decision at c x exp(+-z sd) must agree, else probe
+    # ... and the probe must pay: half the goodput at stake over a horizon as long as the run so far,
+    # against its samples at the run's speed, at least this many times over (copus.core.probing). 0: no such test.
+    min_value_ratio: float = Field(1.0, ge=0.0)
 
 
 class PolicyConfig(Section):
@@ -291,8 +294,8 @@ class CalibrationConfig(Section):
     seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
     # > 0: the interval grows to this share of the samples since the branch point, when that is
-    # longer (copus.core.schedule.Cadence); the quick mode's 0.25 evaluates a long continuation
-    # about half as often. 0: every eval_every_samples.
+    # longer (copus.core.schedule.Cadence): fewer evaluations on long continuations, each crossing
+    # read off fewer points (measured in docs/calibration.md). 0: every eval_every_samples.
     eval_growth: float = Field(0.0, ge=0.0, le=1.0)
     # The calibration's validation set; default: see validation_samples.
     val_samples: int | None = Field(None, ge=1)

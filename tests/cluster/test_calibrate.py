@@ -181,10 +181,8 @@ def test_quick_mode_keeps_two_seeds_at_two_middle_branch_points(tmp_path):
 
     quick = cfg()
     assert (quick.calibration.seeds, quick.calibration_branches()) == (2, [1280, 3840])
-    assert quick.calibration.eval_growth == 0.25 and cfg(quick=False).calibration.eval_growth == 0.0
     assert quick.calibration_grid() == cfg(quick=False).calibration_grid()  # the grid is the experiment's
     assert cfg("calibration.seeds=3").calibration.seeds == 3  # the user's --set wins
-    assert cfg("calibration.eval_growth=0").calibration.eval_growth == 0.0
     assert cfg("calibration.branch_samples=[16, 32, 64, 128]").calibration_branches() == [16, 32, 64, 128]
     full = cfg(quick=False)
     assert full.calibration.seeds == 6 and full.calibration_branches() == [320, 1280, 3840, 9600]

@@ -152,8 +152,9 @@ def test_without_a_calibration_the_controller_probes_where_its_decision_hangs_on
     # the median the policy keeps GBS 8, at c = e^2 it picks a larger one (16 or 24, as the fitted
     # step-time model has it). So the controller asks for a branch checkpoint, a probe trains 320
     # samples at that GBS from it beside the run, and once the run has trained as far at GBS 8 the
-    # two curves are set against each other.
-    probes = {"prior_sd": 2.0, "max_probes": 1, "samples": 320, "first_samples": 0}
+    # two curves are set against each other. A probe's price is not weighed (min_value_ratio 0:
+    # a few seconds into a debug run none would pay; that test is tests/test_controller_logic.py's).
+    probes = {"prior_sd": 2.0, "max_probes": 1, "samples": 320, "first_samples": 0, "min_value_ratio": 0}
     mapping = _mapping(base_mapping)
     mapping["policy"] = {**mapping["policy"], "probes": probes, "interval_s": 1.0}
     mapping["stop"] = {"max_steps": 150, "max_wall_clock_s": 150}

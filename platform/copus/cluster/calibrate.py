@@ -136,11 +136,6 @@ def check_settings(cfg: ExperimentConfig) -> None:
 # its 8-seed calibration gave B_crit within x1.5 of the 8 seeds' in 96% of cases
 # (docs/calibration.md, "A quick calibration").
 QUICK_SEEDS = 2
-# ... and evaluations at intervals growing to a quarter of the samples since the branch point.
-# On a curve that falls evenly, the crossing's window (a third of the decrement either side)
-# spans 2/3 to 4/3 of its samples: log(2)/log(1.25) = 3.1 evaluations, the 3 its line fit needs
-# (copus.core.calibration.smoothed_crossing); what it changes is measured in docs/calibration.md.
-QUICK_EVAL_GROWTH = 0.25
 
 
 def quick_branches(branches: list[int]) -> list[int]:
@@ -159,7 +154,6 @@ def quick_overrides(cfg: ExperimentConfig) -> list[str]:
     return [
         f"calibration.seeds={QUICK_SEEDS}",
         f"calibration.branch_samples=[{', '.join(map(str, branches))}]",
-        f"calibration.eval_growth={QUICK_EVAL_GROWTH}",
     ]
 
 

@@ -22,7 +22,7 @@ from copus.cluster.probes import Probes, ProbeSource
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
-from copus.core.probing import ProbeSettings, probe_gbs
+from copus.core.probing import ProbeSettings, decision_stake, probe_gbs, probe_length, probe_value
 from copus.core.reconfiguration import (
     BranchRequest,
     Reconfiguration,
@@ -238,11 +238,12 @@ class Controller(RecordQueue):
             self._consider_probe(r, b_noise)
 
     def _consider_probe(self, r: StepRecord, b_noise: float) -> None:
-        """Probe when the decision hangs on c: at the belief's low and high quantiles of c the
-        policy would leave the run at different GBS (copus.core.probing)."""
+        """Probe when the decision hangs on c (at the belief's low and high quantiles of c the
+        policy would leave the run at different GBS) and the probe pays for itself
+        (copus.core.probing); the last evaluation says why not when it does not."""
         settings = self.spec.probes
         belief = self.probes.belief.drifted(r.samples, settings.drift_sd)
-        actions = []
+        planners, actions = [], []
         for c in belief.interval(settings.quantile_z):
             planner = self.base_planner.with_critical_factor(c)
             d = decide(
@@ -250,10 +251,32 @@ class Controller(RecordQueue):
             )
             if d is None:
                 return
-            actions.append(d.best.config.gbs if d.switch else r.gbs)  # where the run would be after it
-        gbs = probe_gbs(r.gbs, *actions)
-        if gbs is not None:
+            planners.append(planner)
+            actions.append(d.best.config if d.switch else r.config())  # where the run would be after it
+        gbs = probe_gbs(r.gbs, actions[0].gbs, actions[1].gbs)
+        if gbs is None:
+            return
+        stake = decision_stake(
+            tuple(self._goodput(p, a, b_noise) for p, a in zip(planners, actions)),
+            tuple(self._goodput(p, a, b_noise) for p, a in zip(planners, reversed(actions))),
+        )
+        length = probe_length(settings, r.samples, gbs, r.gbs)
+        value = probe_value(settings, stake, r.wall_clock_s, length, self._run_speed())
+        self.evaluations[-1]["probe"] = {"gbs": gbs, **value.as_dict()}
+        if value.worth:
             self.probes.want(gbs, b_noise)
+
+    def _goodput(self, planner: Planner, config: CandidateConfig, b_noise: float) -> float:
+        try:
+            return planner.score(config, b_noise, self.last_val_loss).goodput
+        except KeyError:  # not a candidate of the planner's
+            return math.nan
+
+    def _run_speed(self, steps: int = 20) -> float:
+        """The run's samples per second of training over its last `steps` steps (NaN unknown)."""
+        recent = [h for h in self.history[-steps:] if h.get("step_time_s")]
+        seconds = sum(h["step_time_s"] for h in recent)
+        return sum(h["gbs"] for h in recent) / seconds if seconds > 0 else math.nan
 
     def decision(self) -> SwitchOrder | BranchRequest | None:
         """The switch decided since the last call, if any, or a request for a probe's branch
@@ -281,6 +304,8 @@ class Controller(RecordQueue):
             # The belief about c the probes built (copus.core.belief), with every measurement.
             "belief": self.probes.belief.as_dict() if self.probes is not None else None,
             "probes_started": list(self.probes.started) if self.probes is not None else [],
+            # Decisions that hung on c where a probe would not have paid for itself (copus.core.probing).
+            "probes_declined": sum(1 for e in self.evaluations if e.get("probe", {}).get("worth") is False),
         }
 
 

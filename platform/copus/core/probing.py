@@ -17,11 +17,21 @@ Probes are spaced geometrically in samples (`spacing`, at most `max_probes`), as
 drifts with the log of the samples seen, and not during the LR warm-up, whose rising LR is no
 part of what c describes.
 
+A probe is also weighed against its price (`probe_value`): the run time it could save is at
+most the goodput at stake between the two decisions over the rest of the run, of which half is
+expected (either decision may be the right one), and the rest of the run is taken to be as long
+as the run so far (the horizon a run of unknown length has, on average, once it has lasted that
+long). The probe trains beside the run, so it costs the time the run would take to train its
+samples. A short run, or a stake of a few percent, does not pay for a probe: on the CPU
+trade-off workload probes of 7-16 s cost runs of about a minute up to 13% and moved c by at most
+5% (docs/controller.md, "Probes").
+
 Pure: no torch, no ray.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +50,7 @@ class ProbeSettings:
     prior_sd: float = 0.69  # the belief's prior sd of log c (about a factor of 2)
     drift_sd: float = 0.5  # how far log c may drift per e-fold of samples (its random walk)
     quantile_z: float = 1.0  # the decision must agree at c × exp(± z·sd) for no probe to be needed
+    min_value_ratio: float = 1.0  # probe only when its expected saving is this multiple of its cost; 0: always
 
 
 def probe_due(settings: ProbeSettings, samples: int, started: list[int]) -> bool:
@@ -95,3 +106,43 @@ def run_curve_complete(history: list[dict], start_samples: int, length: int) -> 
         return False
     gbs = after[0]["gbs"]
     return any(h["gbs"] != gbs or h["samples"] >= start_samples + length for h in after)
+
+
+def decision_stake(own: tuple[float, float], other: tuple[float, float]) -> float:
+    """The share of goodput a wrong choice between the two decisions loses: at each quantile of
+    c, 1 - the goodput of the other quantile's decision / that of its own (`own`, `other`: the
+    goodputs at the low and at the high quantile), averaged over the two. NaN when a goodput is
+    not known (a configuration the planner cannot score)."""
+    losses = [1.0 - b / a if a > 0 and math.isfinite(a) and math.isfinite(b) else math.nan for a, b in zip(own, other)]
+    return float(np.mean(losses))
+
+
+@dataclass(frozen=True)
+class ProbeValue:
+    """A probe weighed against its price (see the module's docstring); `worth` decides."""
+
+    stake: float  # decision_stake
+    horizon_s: float  # the rest of the run, taken as long as the run so far
+    value_s: float  # the run time it is expected to save: stake x horizon / 2
+    cost_s: float  # the run time it costs: its samples at the run's speed
+    worth: bool
+
+    def as_dict(self) -> dict:
+        return {k: _finite_or_none(v) for k, v in self.__dict__.items() if k != "worth"} | {"worth": self.worth}
+
+
+def probe_value(
+    settings: ProbeSettings, stake: float, elapsed_s: float, probe_samples: int, run_speed: float
+) -> ProbeValue:
+    """Whether a probe of `probe_samples` pays for itself, `elapsed_s` into a run training at
+    `run_speed` samples/s. An unknown stake or speed does not block it (the value of the
+    information cannot be told: the probe is made, as without this test)."""
+    value = 0.5 * stake * elapsed_s
+    cost = probe_samples / run_speed if run_speed > 0 else math.nan
+    known = math.isfinite(value) and math.isfinite(cost)
+    worth = settings.min_value_ratio <= 0 or not known or value >= settings.min_value_ratio * cost
+    return ProbeValue(stake, elapsed_s, value, cost, worth)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
