@@ -293,10 +293,6 @@ class CalibrationConfig(Section):
     # interval a factor 3 wide or more and the goodness-of-fit test with little to go on.
     seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
-    # > 0: the interval grows to this share of the samples since the branch point, when that is
-    # longer (copus.core.schedule.Cadence): fewer evaluations on long continuations, each crossing
-    # read off fewer points (measured in docs/calibration.md). 0: every eval_every_samples.
-    eval_growth: float = Field(0.0, ge=0.0, le=1.0)
     # The calibration's validation set; default: see validation_samples.
     val_samples: int | None = Field(None, ge=1)
     max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached

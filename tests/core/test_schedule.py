@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from copus.core.schedule import Cadence, LRSchedule, batch_scale
+from copus.core.schedule import LRSchedule, batch_scale
 
 
 def test_scaling_rules():
@@ -36,23 +35,3 @@ def test_warmup_is_in_samples_not_steps():
     assert sched.lr(49, 16) == sched.lr(49, 64) == pytest.approx(0.5e-3)
     assert sched.lr(100, 16) == 1e-3
     assert sched.lr(0, 16) > 0
-
-
-def test_a_growing_cadence_samples_a_curve_evenly_in_log_samples():
-    every = Cadence(steps=1, samples=64, origin=960, growth=0.25)
-    since = [s - 960 for s in range(961, 960 + 10_001) if every.due(0, s, 1)]
-    assert since[:4] == [64, 128, 192, 256]  # the fixed interval until it is a quarter of the samples since
-    for a, b in zip(since[3:], since[4:]):
-        assert b - a == pytest.approx(0.25 * a, abs=2)
-    assert len(since) == 20  # against 156 at the fixed interval
-    fixed = Cadence(steps=1, samples=64, origin=960)  # no growth: multiples of the interval, as before
-    assert [s for s in range(1, 1000) if fixed.due(0, s, 1)] == list(range(64, 1000, 64))
-
-
-@given(st.integers(1, 300), st.floats(0.01, 1.0), st.integers(0, 5000))
-def test_a_growing_cadence_is_due_once_per_step_that_passes_a_point(gbs, growth, origin):
-    every = Cadence(steps=1, samples=48, origin=origin, growth=growth)
-    points = [u for u in range(1, 5_000) if every.due(0, origin + u, 1)]  # each point, one sample at a time
-    for u in range(gbs, 5_000, gbs):
-        passed = bisect.bisect_right(points, u) - bisect.bisect_right(points, u - gbs)
-        assert every.due(0, origin + u, gbs) == (passed > 0)

@@ -151,10 +151,7 @@ def quick_branches(branches: list[int]) -> list[int]:
 def quick_overrides(cfg: ExperimentConfig) -> list[str]:
     """The `--set` overrides the quick mode stands for, from the experiment's own settings."""
     branches = quick_branches(cfg.calibration_branches())
-    return [
-        f"calibration.seeds={QUICK_SEEDS}",
-        f"calibration.branch_samples=[{', '.join(map(str, branches))}]",
-    ]
+    return [f"calibration.seeds={QUICK_SEEDS}", f"calibration.branch_samples=[{', '.join(map(str, branches))}]"]
 
 
 # --- what runs on the Ray workers ---------------------------------------------------------
@@ -203,7 +200,6 @@ def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
             settings["eval_every_samples"],
             settings["val_samples"],
             point.get("lr_factor", 1.0),
-            settings.get("eval_growth", 0.0),
         )
     tune.report({**result, "branch": point["branch"]})
 
@@ -289,8 +285,6 @@ class Calibration:
             "gns_steps": c.gns_steps,
             "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
         }
-        if c.eval_growth > 0:  # only then: the work folders of calibrations made before it keep their ids
-            self.settings["eval_growth"] = c.eval_growth
         # The work folder is keyed by the settings too: other settings, other runs.
         self.work = (
             self.path.parent

@@ -68,30 +68,14 @@ class LRSchedule:
 class Cadence:
     """How often something recurs in a run (evaluation, checkpoints): every `samples` samples
     when that is set, the same amount of data whatever the batch size, so that a small-batch
-    and a large-batch policy pay the same evaluation cost per sample; else every `steps` steps.
-
-    With `growth` > 0 (and `samples` set) the interval grows with the samples since `origin`:
-    the next point lies max(`samples`, `growth` x the samples since origin) after the last, so
-    a curve is sampled evenly in log-samples once it is `samples` / `growth` long. A
-    calibration's continuation reads a crossing whose place it does not know in advance, and
-    reads it to a relative precision: a few points around it serve as well as many."""
+    and a large-batch policy pay the same evaluation cost per sample; else every `steps` steps."""
 
     steps: int
     samples: int | None = None
-    origin: int = 0
-    growth: float = 0.0
 
     def due(self, step: int, samples: int, gbs: int) -> bool:
         """After the step that took the run to `step` and `samples` (its batch was `gbs`): did
-        it reach or cross one of the points?"""
-        if self.samples and self.growth > 0:
-            return self._growing_due(samples - self.origin, gbs)
+        it reach or cross a multiple of the interval?"""
         if self.samples:
             return samples // self.samples > (samples - gbs) // self.samples
         return step % self.steps == 0
-
-    def _growing_due(self, since_origin: int, gbs: int) -> bool:
-        point = float(self.samples)
-        while point <= since_origin - gbs:  # the points the steps before this one reached
-            point += max(self.samples, self.growth * point)
-        return point <= since_origin

@@ -128,24 +128,19 @@ def continue_branch(
     eval_every_samples: int,
     val_samples: int,
     lr_factor: float = 1.0,
-    eval_growth: float = 0.0,
 ) -> dict:
     """From the branch checkpoint, train at `gbs` (the plan's LR rule, times `lr_factor`) until the validation loss's
     trend is `decrement` below the branch point's; samples and steps that took (NaN when
     `max_samples` ran out first), and the validation curve. The run goes on to a third of the
     decrement further, so the trend is seen on both sides of the crossing
-    (`copus.core.calibration.smoothed_crossing`). It evaluates every `eval_every_samples`, or,
-    with `eval_growth` > 0, at intervals that grow with the samples since the branch point
-    (`copus.core.schedule.Cadence`): fewer evaluations on a long continuation.
+    (`copus.core.calibration.smoothed_crossing`).
 
     A crossing at or before the first evaluation is not resolved by the evaluations (it would be
     read off the branch point and one evaluation): the continuation runs again with evaluations
     closer together (`finer_evaluation`, down to every step; `refined` says so). Still unresolved
     with an evaluation every step, it is recorded as not measurable: samples NaN, and the reason
     in `unmeasurable`."""
-    run = _Continuation(
-        plan, checkpoint, start, gbs, seed_index, decrement, max_samples, val_samples, lr_factor, eval_growth
-    )
+    run = _Continuation(plan, checkpoint, start, gbs, seed_index, decrement, max_samples, val_samples, lr_factor)
     every, spent, refined = eval_every_samples, 0.0, False
     while True:
         result = run.once(every)
@@ -175,7 +170,6 @@ class _Continuation:
     max_samples: int
     val_samples: int
     lr_factor: float = 1.0  # the LR probe's: times the rule's LR at this GBS
-    eval_growth: float = 0.0  # > 0: the evaluation interval grows with the samples since the branch point
 
     def once(self, eval_every_samples: int) -> dict:
         """One continuation run of `continue_branch`, its crossing as read off its evaluations."""
@@ -187,13 +181,6 @@ class _Continuation:
         run_plan = single_process_plan(
             self.plan, self.gbs, mbs, eval_every_samples, self.val_samples, stop, gns_enabled=adascale
         )
-        if self.eval_growth > 0:
-            run_plan = replace(
-                run_plan,
-                eval_every_samples=eval_every_samples,
-                eval_growth=self.eval_growth,
-                eval_origin_samples=self.start["samples"],
-            )
         if self.lr_factor != 1.0:
             run_plan = replace(run_plan, lr=replace(run_plan.lr, base_lr=run_plan.lr.base_lr * self.lr_factor))
         records: list[dict] = []

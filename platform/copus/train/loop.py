@@ -475,8 +475,7 @@ def after_step(launch: Launch) -> None:
     """Evaluate when due (stopping at the target loss), then checkpoint when due, by steps or
     by the clock (rank 0's decides for all)."""
     plan, s = launch.plan, launch.state
-    every = Cadence(plan.eval_every_steps, plan.eval_every_samples, plan.eval_origin_samples, plan.eval_growth)
-    if every.due(s.step, s.samples, launch.gbs):
+    if Cadence(plan.eval_every_steps, plan.eval_every_samples).due(s.step, s.samples, launch.gbs):
         val = run_eval(launch)
         if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:
             launch.stop_reason = "target_val_loss"

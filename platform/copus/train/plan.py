@@ -81,10 +81,6 @@ class WorkerPlan:
     gns: GNSPlan = field(default_factory=GNSPlan)
     eval_every_steps: int = 20
     eval_every_samples: int | None = None  # wins over eval_every_steps (core.schedule.Cadence)
-    # A calibration continuation's: the evaluation interval grows with the samples since its
-    # branch point (core.schedule.Cadence); 0 keeps it fixed, as runs do.
-    eval_growth: float = 0.0
-    eval_origin_samples: int = 0
     val_samples: int = 64
     checkpoint_every_steps: int = 50
     checkpoint_every_samples: int | None = None
