@@ -32,9 +32,11 @@ Pure: no torch, no ray.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from copus.core.calibration import finite_json
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class ProbeValue:
     worth: bool
 
     def as_dict(self) -> dict:
-        return {k: _finite_or_none(v) for k, v in self.__dict__.items() if k != "worth"} | {"worth": self.worth}
+        return finite_json(asdict(self))
 
 
 def probe_value(
@@ -142,7 +144,3 @@ def probe_value(
     known = math.isfinite(value) and math.isfinite(cost)
     worth = settings.min_value_ratio <= 0 or not known or value >= settings.min_value_ratio * cost
     return ProbeValue(stake, elapsed_s, value, cost, worth)
-
-
-def _finite_or_none(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
