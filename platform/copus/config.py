@@ -294,11 +294,9 @@ class CalibrationConfig(Section):
     seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
     # Due evaluations far above a continuation's crossing read only this many validation samples
-    # (shifted by their offset from the whole set at the branch point); 0 reads the whole set
-    # every time. Near the crossing the whole set is read at every full_every-th due evaluation,
-    # and whenever the screen says the stop point may be passed (docs/calibration.md).
+    # (shifted by their offset from the whole set at the branch point); those near it read the
+    # whole set. 0 reads the whole set every time (docs/calibration.md, "Screened evaluations").
     screen_samples: int = Field(64, ge=0)
-    full_every: int = Field(1, ge=1)
     # The calibration's validation set; default: see validation_samples.
     val_samples: int | None = Field(None, ge=1)
     max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached

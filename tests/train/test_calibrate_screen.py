@@ -1,6 +1,7 @@
 """A calibration continuation that screens its evaluations reads the same crossing off fewer
 full evaluations: the training does not depend on which evaluations were made, and the screen
-reads the whole set at every evaluation near the crossing."""
+reads the whole set at every evaluation near the crossing. A screen that opened too late is
+caught: the continuation runs again unscreened."""
 
 from __future__ import annotations
 
@@ -42,7 +43,15 @@ def test_a_screened_continuation_reads_the_same_crossing_off_fewer_full_evaluati
     assert screened["curve_samples"][-1] == whole["curve_samples"][-1]  # it stopped where the unscreened one did
 
 
-def test_a_thinned_screen_reads_every_second_evaluation_near_the_crossing(branch, whole):
-    thinned = _continue(branch, Screening(16, full_every=2))
-    assert thinned["screen"]["screened"] > 0 and len(thinned["curve_samples"]) < len(whole["curve_samples"])
-    assert abs(math.log(thinned["samples"] / whole["samples"])) < 0.1  # 1% here: a line through half the points
+def test_a_screen_that_opened_after_the_crossing_runs_the_continuation_again_unscreened(branch, whole):
+    # A screen of 16 samples whose offset reads far too high (as if it had drifted by the whole
+    # decrement): it opens only past the stop point, and the crossing is not resolved by full evaluations.
+    late = _continue(branch, _Misread(16))
+    assert late["unscreened_rerun"] and late["samples"] == whole["samples"] and late["screen"] is None
+
+
+class _Misread(Screening):
+    def screen(self, start_loss, decrement, window):
+        s = super().screen(start_loss, decrement, window)
+        s.begin = lambda screen_loss: setattr(s, "offset", screen_loss - start_loss - 2 * decrement)
+        return s

@@ -132,9 +132,6 @@ def check_settings(cfg: ExperimentConfig) -> None:
         )
 
 
-# `copus calibrate --quick` reads the whole validation set at every second due evaluation near a
-# crossing: a quickstart continuation 15% cheaper, its crossing within 3% (docs/calibration.md).
-QUICK_FULL_EVERY = 2
 # `copus calibrate --quick`: two seeds per point. On the trade-off workload, the 28 seed pairs of
 # its 8-seed calibration gave B_crit within x1.5 of the 8 seeds' in 96% of cases
 # (docs/calibration.md, "A quick calibration").
@@ -154,11 +151,7 @@ def quick_branches(branches: list[int]) -> list[int]:
 def quick_overrides(cfg: ExperimentConfig) -> list[str]:
     """The `--set` overrides the quick mode stands for, from the experiment's own settings."""
     branches = quick_branches(cfg.calibration_branches())
-    return [
-        f"calibration.seeds={QUICK_SEEDS}",
-        f"calibration.branch_samples=[{', '.join(map(str, branches))}]",
-        f"calibration.full_every={QUICK_FULL_EVERY}",
-    ]
+    return [f"calibration.seeds={QUICK_SEEDS}", f"calibration.branch_samples=[{', '.join(map(str, branches))}]"]
 
 
 # --- what runs on the Ray workers ---------------------------------------------------------
@@ -197,7 +190,7 @@ def screening(settings: dict):
     samples = settings.get("screen_samples", 0)
     if not 0 < samples < settings["val_samples"]:
         return None  # a screen as large as the whole set would save nothing
-    return Screening(samples, settings.get("full_every", 1))
+    return Screening(samples)
 
 
 def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
@@ -299,7 +292,6 @@ class Calibration:
             "seeds": c.seeds,
             "eval_every_samples": c.eval_every_samples,
             "screen_samples": c.screen_samples,
-            "full_every": c.full_every,
             "val_samples": c.validation_samples(
                 cfg.eval.val_samples,
                 num_windows(os.path.getsize(tokens.val) // np.dtype(tokens.dtype).itemsize, cfg.workload.seq_len),

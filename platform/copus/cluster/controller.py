@@ -19,6 +19,7 @@ import ray
 
 from copus.cluster.monitor import RecordQueue
 from copus.cluster.probes import Probes, ProbeSource
+from copus.core.finite import finite_json
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, SwitchCosts
 from copus.core.policies import decide
@@ -115,7 +116,7 @@ class Controller(RecordQueue):
             "restarts": self.restarts,
             "pending": self.pending.as_dict() if self.pending else None,
             "awaiting": self.awaiting.as_dict() if self.awaiting else None,
-            "last_val_loss": _finite(self.last_val_loss),
+            "last_val_loss": finite_json(self.last_val_loss),
             "probes": self.probes.state() if self.probes is not None else None,
         }
         self.state_path.write_json(state, indent=None)
@@ -307,10 +308,6 @@ class Controller(RecordQueue):
             # Decisions that hung on c where a probe would not have paid for itself (copus.core.probing).
             "probes_declined": sum(1 for e in self.evaluations if e.get("probe", {}).get("worth") is False),
         }
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
 
 
 GoodputController = ray.remote(num_cpus=0)(Controller)

@@ -49,6 +49,7 @@ from scipy.optimize import isotonic_regression, minimize_scalar
 
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 from copus.core.efficiency import efficiency as noise_scale_efficiency
+from copus.core.finite import finite_json
 
 # The linear form is rejected when its lack-of-fit test's p-value falls below this: the measured
 # curve is kept instead.
@@ -121,8 +122,9 @@ def finer_evaluation(eval_every_samples: int, gbs: int) -> int | None:
 
 # A screened continuation (`EvaluationScreen`) starts reading the whole validation set once the
 # screen puts the loss within this share of the decrement above the crossing's window: room for
-# the screen's offset to drift (its subset's loss minus the whole set's moved by up to a quarter
-# of the decrement over a quickstart continuation, docs/calibration.md).
+# the screen's offset to drift upwards, which would open it late. Over three quickstart
+# continuations the 64-sample screen's offset rose by 0.001 at most and fell by up to 0.04 (which
+# only opens it early; docs/calibration.md, "Screened evaluations").
 SCREEN_MARGIN = 0.25
 
 
@@ -133,19 +135,17 @@ class EvaluationScreen:
     The crossing is read off the evaluations within `window` of the target (`smoothed_crossing`)
     and the continuation stops at the first one `window` below it; the evaluations before that
     window only say the loss is still far above. A screen (the loss over the validation set's
-    first few samples, shifted by its offset from the whole set's loss at the branch point)
-    stands in for those. The whole set is read once the screen comes within `window + margin` of
-    the target, at every `full_every`-th due evaluation from then on, and whenever the screen
-    says the stop point may be passed (so a sparser cadence does not run past the stop)."""
+    first `samples` samples, shifted by its offset from the whole set's loss at the branch
+    point) stands in for those: the whole set is read from the first due evaluation at which the
+    screen comes within `window + margin` of the target, and at every one after it."""
 
     target: float
     window: float
     start_loss: float  # the whole set's loss at the branch point
     samples: int  # the screen's validation samples
     margin: float = 0.0
-    full_every: int = 1
     offset: float = 0.0  # screen loss minus the whole set's, at the branch point (`begin`)
-    opened_at: int | None = None  # the due evaluation from which the whole set is read
+    opened_at: int | None = None  # the first due evaluation that read the whole set
     due_count: int = 0
     screened: list[tuple[int, float]] = field(default_factory=list)  # (due evaluation, screen loss) read instead
 
@@ -154,18 +154,15 @@ class EvaluationScreen:
         self.offset = screen_loss - self.start_loss
 
     def full_due(self, screen_loss: Callable[[], float]) -> bool:
-        """Whether this due evaluation reads the whole set; `screen_loss` is called only when
-        the answer depends on it."""
+        """Whether this due evaluation reads the whole set; `screen_loss` is called only while
+        the screen is still deciding."""
         i, self.due_count = self.due_count, self.due_count + 1
-        if self.opened_at is not None and (i - self.opened_at) % self.full_every == 0:
+        if self.opened_at is not None:
             return True
         screen = screen_loss()
-        predicted = screen - self.offset
-        if self.opened_at is None and predicted <= self.target + self.window + self.margin:
+        if screen - self.offset <= self.target + self.window + self.margin:
             self.opened_at = i
             return True
-        if predicted <= self.target - self.window:
-            return True  # the stop point may be passed: only the whole set can say
         self.screened.append((i, screen))
         return False
 
@@ -173,7 +170,7 @@ class EvaluationScreen:
     def late(self) -> bool:
         """Whether evaluations were screened before the first full one: a crossing at or before
         that full evaluation may have been missed by the screen, not by the cadence."""
-        return bool(self.screened) and self.screened[0][0] == 0
+        return bool(self.screened)
 
 
 @dataclass(frozen=True)
@@ -210,17 +207,6 @@ class BranchFit:
 
     def as_dict(self) -> dict:
         return finite_json(asdict(self))
-
-
-def finite_json(value):
-    """JSON has no NaN: a value not measured (a GBS that never reached the decrement) is null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
 
 
 # A branch point's values that were measured: a number, or null where nothing was measurable.

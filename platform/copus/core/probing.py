@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from copus.core.calibration import finite_json
+from copus.core.finite import finite_json
 
 
 @dataclass(frozen=True)

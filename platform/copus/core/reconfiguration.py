@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from copus.core.finite import finite_json
 from copus.core.layout import CandidateConfig
 from copus.core.planner import SwitchCosts, change_kind
 
@@ -28,10 +29,6 @@ from copus.core.planner import SwitchCosts, change_kind
 # (auto, after which the run restarts for every later change), in place or fail, or by a restart.
 WAYS = ("auto", "in_place", "restart")
 RESTART = "restart"
-
-
-def _finite(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -249,23 +246,23 @@ def order_from_decision(
         change=decision.kind,
         cost_s=decision.cost_s,
         reason=decision.reason,
-        b_noise=_finite(b_noise),
-        predicted_gain=_finite(decision.predicted_gain),
+        b_noise=finite_json(b_noise),
+        predicted_gain=finite_json(decision.predicted_gain),
         predicted_goodput=best.goodput,
         current_predicted_goodput=current.goodput,
         predicted_throughput=best.throughput,
         predicted_efficiency=best.efficiency,
         current_predicted_efficiency=current.efficiency,
         predicted_efficiency_gain=_ratio(best.efficiency, current.efficiency),
-        critical_batch=_finite(critical_batch),
-        val_loss=_finite(val_loss),
+        critical_batch=finite_json(critical_batch),
+        val_loss=finite_json(val_loss),
         efficiency_source=source,
         way=way,
     )
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return _finite(a / b) if b and math.isfinite(b) and b > 0 else None
+    return finite_json(a / b) if b and math.isfinite(b) and b > 0 else None
 
 
 def _known(cls, data: dict[str, Any], skip: set[str] = frozenset()) -> dict[str, Any]:

@@ -237,15 +237,12 @@ class _Continuation:
 
 @dataclass(frozen=True)
 class Screening:
-    """A calibration's screened evaluations: the screen's validation samples, and every how many
-    due evaluations the whole set is read once the loss is near the crossing."""
+    """A calibration's screened evaluations: the screen's validation samples."""
 
     samples: int
-    full_every: int = 1
 
     def screen(self, start_loss: float, decrement: float, window: float) -> EvaluationScreen:
-        margin = SCREEN_MARGIN * decrement
-        return EvaluationScreen(start_loss - decrement, window, start_loss, self.samples, margin, self.full_every)
+        return EvaluationScreen(start_loss - decrement, window, start_loss, self.samples, SCREEN_MARGIN * decrement)
 
 
 def screen_summary(screen: EvaluationScreen) -> dict:
@@ -253,7 +250,6 @@ def screen_summary(screen: EvaluationScreen) -> dict:
     it read instead of the whole set, and whether it screened before its first full one."""
     return {
         "samples": screen.samples,
-        "full_every": screen.full_every,
         "offset": screen.offset,
         "due": screen.due_count,
         "screened": len(screen.screened),
