@@ -293,10 +293,6 @@ class CalibrationConfig(Section):
     # interval a factor 3 wide or more and the goodness-of-fit test with little to go on.
     seeds: int = Field(4, ge=1)
     eval_every_samples: int = Field(64, ge=1)  # validation interval of a continuation, in samples
-    # Due evaluations far above a continuation's crossing read only this many validation samples
-    # (shifted by their offset from the whole set at the branch point); those near it read the
-    # whole set. 0 reads the whole set every time (docs/calibration.md, "Screened evaluations").
-    screen_samples: int = Field(64, ge=0)
     # The calibration's validation set; default: see validation_samples.
     val_samples: int | None = Field(None, ge=1)
     max_samples: int = Field(20000, ge=1)  # a continuation that needs more is recorded as not reached

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from copus.config import CalibrationConfig
 from copus.core.calibration import (
     CalibratedMapping,
-    EvaluationScreen,
     NoiseScaleMapping,
     Sweep,
     branch_fit_from_dict,
@@ -148,41 +147,6 @@ def test_a_crossing_within_the_first_evaluation_is_unresolved():
     late = smoothed_crossing(samples, losses, 2.78, 0.05)
     assert late > 64 and not crossing_unresolved(samples, late)
     assert not crossing_unresolved(samples, float("nan"))
-
-
-def _screen_reads(screen: EvaluationScreen, whole: list[float], drift: list[float]) -> list[bool]:
-    """Which due evaluations read the whole set, for whole-set losses `whole` and a screen that
-    reads them shifted by 0.2 plus `drift` (its drift at the branch point is drift[0])."""
-    screen.begin(screen.start_loss + 0.2 + drift[0])
-    return [screen.full_due(lambda i=i: whole[i] + 0.2 + drift[i + 1]) for i in range(len(whole))]
-
-
-def test_a_screen_reads_the_whole_set_from_the_window_and_its_margin_on():
-    # Start 3.0, decrement 0.3: target 2.7, window 0.1, margin 0.05; the loss falls 0.02 per evaluation.
-    whole = [3.0 - 0.02 * (i + 1) for i in range(25)]
-    screen = EvaluationScreen(2.7, 0.1, 3.0, 16, margin=0.05)
-    full = _screen_reads(screen, whole, [0.0] * 26)
-    first = full.index(True)
-    assert whole[first] <= 2.85 < whole[first - 1] and all(full[first:])
-    assert screen.late and len(screen.screened) == first and screen.offset == pytest.approx(0.2)
-    calls = []
-    assert screen.full_due(lambda: calls.append(1) or 0.0) and calls == []  # open: the screen is not read
-    near = EvaluationScreen(2.9, 0.1, 3.0, 16, margin=0.05)
-    assert all(_screen_reads(near, whole, [0.0] * 26)) and not near.late  # open from the first evaluation
-
-
-@given(
-    st.lists(st.floats(2.0, 3.0), min_size=2, max_size=40),
-    st.lists(st.floats(-0.025, 0.025), min_size=41, max_size=41),
-)
-@settings(max_examples=200, deadline=None)
-def test_a_screen_whose_offset_drifts_less_than_its_margin_reads_every_point_of_the_crossing(whole, drift):
-    # Drift within +-0.025 of the start's: within the margin 0.05 of the branch point's offset.
-    screen = EvaluationScreen(2.5, 0.1, 3.0, 16, margin=0.05)
-    full = _screen_reads(screen, whole, drift)
-    near = [i for i, v in enumerate(whole) if v <= 2.6]  # within the window above the target, or below
-    if near:
-        assert all(full[near[0] :])  # from the first of them on, every evaluation reads the whole set
 
 
 def test_finer_evaluation_goes_down_to_one_step():

@@ -182,17 +182,6 @@ def _reference_task(
     return [{**p, "reference_run_s": reference_s, "noise_measurement_s": noise_s} for p in points]
 
 
-def screening(settings: dict):
-    """The continuations' screened evaluations, or None (screen_samples 0 or not below the
-    validation set, or settings written before the screen existed)."""
-    from copus.train.calibrate import Screening
-
-    samples = settings.get("screen_samples", 0)
-    if not 0 < samples < settings["val_samples"]:
-        return None  # a screen as large as the whole set would save nothing
-    return Screening(samples)
-
-
 def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
     """One Ray Tune trial: one continuation (branch point, GBS, seed)."""
     from copus.train.calibrate import continue_branch
@@ -211,7 +200,6 @@ def calibration_trial(config: dict, plan: WorkerPlan, settings: dict) -> None:
             settings["eval_every_samples"],
             settings["val_samples"],
             point.get("lr_factor", 1.0),
-            screening(settings),
         )
     tune.report({**result, "branch": point["branch"]})
 
@@ -241,8 +229,6 @@ class _Progress(tune.Callback):
                         "curve_val_loss",
                         "eval_every_samples",
                         "refined",
-                        "unscreened_rerun",
-                        "screen",
                         "unmeasurable",
                     )
                 },
@@ -291,7 +277,6 @@ class Calibration:
             "decrement": c.decrement,
             "seeds": c.seeds,
             "eval_every_samples": c.eval_every_samples,
-            "screen_samples": c.screen_samples,
             "val_samples": c.validation_samples(
                 cfg.eval.val_samples,
                 num_windows(os.path.getsize(tokens.val) // np.dtype(tokens.dtype).itemsize, cfg.workload.seq_len),

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from typing import Callable
 
 import numpy as np
 from scipy import stats
@@ -118,59 +117,6 @@ def finer_evaluation(eval_every_samples: int, gbs: int) -> int | None:
     if eval_every_samples < 2 * gbs:
         return None
     return max(gbs, eval_every_samples // REFINE_FACTOR)
-
-
-# A screened continuation (`EvaluationScreen`) starts reading the whole validation set once the
-# screen puts the loss within this share of the decrement above the crossing's window: room for
-# the screen's offset to drift upwards, which would open it late. Over three quickstart
-# continuations the 64-sample screen's offset rose by 0.001 at most and fell by up to 0.04 (which
-# only opens it early; docs/calibration.md, "Screened evaluations").
-SCREEN_MARGIN = 0.25
-
-
-@dataclass
-class EvaluationScreen:
-    """Which of a continuation's due evaluations read the whole validation set.
-
-    The crossing is read off the evaluations within `window` of the target (`smoothed_crossing`)
-    and the continuation stops at the first one `window` below it; the evaluations before that
-    window only say the loss is still far above. A screen (the loss over the validation set's
-    first `samples` samples, shifted by its offset from the whole set's loss at the branch
-    point) stands in for those: the whole set is read from the first due evaluation at which the
-    screen comes within `window + margin` of the target, and at every one after it."""
-
-    target: float
-    window: float
-    start_loss: float  # the whole set's loss at the branch point
-    samples: int  # the screen's validation samples
-    margin: float = 0.0
-    offset: float = 0.0  # screen loss minus the whole set's, at the branch point (`begin`)
-    opened_at: int | None = None  # the first due evaluation that read the whole set
-    due_count: int = 0
-    screened: list[tuple[int, float]] = field(default_factory=list)  # (due evaluation, screen loss) read instead
-
-    def begin(self, screen_loss: float) -> None:
-        """The screen's loss at the branch point, before the first step: its offset."""
-        self.offset = screen_loss - self.start_loss
-
-    def full_due(self, screen_loss: Callable[[], float]) -> bool:
-        """Whether this due evaluation reads the whole set; `screen_loss` is called only while
-        the screen is still deciding."""
-        i, self.due_count = self.due_count, self.due_count + 1
-        if self.opened_at is not None:
-            return True
-        screen = screen_loss()
-        if screen - self.offset <= self.target + self.window + self.margin:
-            self.opened_at = i
-            return True
-        self.screened.append((i, screen))
-        return False
-
-    @property
-    def late(self) -> bool:
-        """Whether evaluations were screened before the first full one: a crossing at or before
-        that full evaluation may have been missed by the screen, not by the cadence."""
-        return bool(self.screened)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from copus.core.calibration import (
-    SCREEN_MARGIN,
-    EvaluationScreen,
-    crossing_unresolved,
-    finer_evaluation,
-    smoothed_crossing,
-)
+from copus.core.calibration import crossing_unresolved, finer_evaluation, smoothed_crossing
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
 from copus.train.plan import GNSPlan, StopRule, WorkerPlan
@@ -134,7 +128,6 @@ def continue_branch(
     eval_every_samples: int,
     val_samples: int,
     lr_factor: float = 1.0,
-    screen: Screening | None = None,
 ) -> dict:
     """From the branch checkpoint, train at `gbs` (the plan's LR rule, times `lr_factor`) until the validation loss's
     trend is `decrement` below the branch point's; samples and steps that took (NaN when
@@ -146,21 +139,13 @@ def continue_branch(
     read off the branch point and one evaluation): the continuation runs again with evaluations
     closer together (`finer_evaluation`, down to every step; `refined` says so). Still unresolved
     with an evaluation every step, it is recorded as not measurable: samples NaN, and the reason
-    in `unmeasurable`.
-
-    `screen` (optional) reads the evaluations far above the crossing off a few validation
-    samples (`copus.core.calibration.EvaluationScreen`). When its first evaluation was screened
-    and the crossing lies at or before the first full one, the screen may have opened too late:
-    the continuation runs again unscreened before any finer interval is tried."""
+    in `unmeasurable`."""
     run = _Continuation(plan, checkpoint, start, gbs, seed_index, decrement, max_samples, val_samples, lr_factor)
-    every, spent, refined, unscreened = eval_every_samples, 0.0, False, False
+    every, spent, refined = eval_every_samples, 0.0, False
     while True:
-        result = run.once(every, screen)
+        result = run.once(every)
         spent += result["wall_clock_s"]
         unresolved = crossing_unresolved(result["curve_samples"], result["samples"])
-        if unresolved and result["screen"] is not None and result["screen"]["late"]:
-            screen, unscreened = None, True
-            continue
         finer = finer_evaluation(every, gbs) if unresolved else None
         if finer is None:
             break
@@ -169,14 +154,7 @@ def continue_branch(
     if unresolved:
         reason = f"the decrement was reached within the first evaluation, {result['curve_samples'][1]:.0f} samples"
         result.update(samples=float("nan"), steps=float("nan"))
-    return {
-        **result,
-        "wall_clock_s": spent,
-        "eval_every_samples": every,
-        "refined": refined,
-        "unscreened_rerun": unscreened,
-        "unmeasurable": reason,
-    }
+    return {**result, "wall_clock_s": spent, "eval_every_samples": every, "refined": refined, "unmeasurable": reason}
 
 
 @dataclass(frozen=True)
@@ -193,11 +171,10 @@ class _Continuation:
     val_samples: int
     lr_factor: float = 1.0  # the LR probe's: times the rule's LR at this GBS
 
-    def once(self, eval_every_samples: int, screening: Screening | None = None) -> dict:
+    def once(self, eval_every_samples: int) -> dict:
         """One continuation run of `continue_branch`, its crossing as read off its evaluations."""
         target = self.start["val_loss"] - self.decrement
         overshoot = self.decrement / 3
-        screen = None if screening is None else screening.screen(self.start["val_loss"], self.decrement, overshoot)
         adascale = self.plan.lr.scaling == "adascale"
         mbs = continuation_mbs(self.gbs, adascale)
         stop = StopRule(target_val_loss=target - overshoot, max_samples=self.start["samples"] + self.max_samples)
@@ -213,7 +190,6 @@ class _Continuation:
             resume_from=self.checkpoint,
             batch_size=lambda *_: (self.gbs, mbs),
             data_offset=self.seed_index * SEED_DATA_STRIDE,
-            screen=screen,
         )
         run_training(run_plan, hooks)  # its checkpoints go nowhere: the default persist hook drops them
         curve = [(self.start["samples"], self.start["val_loss"])] + [
@@ -231,27 +207,4 @@ class _Continuation:
             "wall_clock_s": time.perf_counter() - t,
             "curve_samples": [s - self.start["samples"] for s, _ in curve],
             "curve_val_loss": [v for _, v in curve],
-            "screen": None if screen is None else screen_summary(screen),
         }
-
-
-@dataclass(frozen=True)
-class Screening:
-    """A calibration's screened evaluations: the screen's validation samples."""
-
-    samples: int
-
-    def screen(self, start_loss: float, decrement: float, window: float) -> EvaluationScreen:
-        return EvaluationScreen(start_loss - decrement, window, start_loss, self.samples, SCREEN_MARGIN * decrement)
-
-
-def screen_summary(screen: EvaluationScreen) -> dict:
-    """What a screened continuation reports: the screen's size and offset, the due evaluations
-    it read instead of the whole set, and whether it screened before its first full one."""
-    return {
-        "samples": screen.samples,
-        "offset": screen.offset,
-        "due": screen.due_count,
-        "screened": len(screen.screened),
-        "late": screen.late,
-    }

@@ -29,7 +29,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from copus.core.calibration import EvaluationScreen
 from copus.core.efficiency import adascale_gain
 from copus.core.gns import GNSEstimator
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, REPLICA_FIELDS, CandidateConfig, bubble_fraction
@@ -99,10 +98,6 @@ class LoopHooks:
     # Samples of the data order to skip after resuming (a calibration's second seed continues a
     # branch point on other data than the first).
     data_offset: int = 0
-    # A calibration's continuation reads most of its evaluations off a few validation samples:
-    # the screen is told their loss at the start and asked before every due evaluation whether
-    # to read the whole set (copus.core.calibration.EvaluationScreen).
-    screen: EvaluationScreen | None = None
 
 
 @dataclass
@@ -194,8 +189,6 @@ def run_training(
     """Train until the stop rule fires. Returns the final state (identical on every rank).
     `on_finish` sees the trained model before the loop lets go of it (tests, exports)."""
     launch = open_launch(plan, hooks)
-    if hooks.screen is not None:
-        hooks.screen.begin(screen_eval(launch))
     # A fresh run records the loss at the initial weights, the start of every loss curve.
     if launch.state.step == 0:
         run_eval(launch)
@@ -307,23 +300,6 @@ def run_eval(launch: Launch) -> float:
         s.time_to_target_without_eval_s = s.time_to_target_s - s.eval_time_s
     launch.emit(EvalRecord(step=s.step, samples=s.samples, val_loss=val, wall_clock_s=launch.wall(), eval_time_s=spent))
     return val
-
-
-def screen_eval(launch: Launch) -> float:
-    """The loss over the screen's few validation samples (its time counts as evaluation)."""
-    t = time.perf_counter()
-    val = evaluate(launch.model, launch.val_windows, launch.hooks.screen.samples, max(launch.plan.mbs, 8))
-    launch.state.eval_time_s += time.perf_counter() - t
-    return val
-
-
-def evaluation_due(launch: Launch) -> bool:
-    """Whether the whole validation set is read now: at the plan's cadence, unless a screen
-    says the loss is still far from where the run's crossing will be read."""
-    plan, s, screen = launch.plan, launch.state, launch.hooks.screen
-    if not Cadence(plan.eval_every_steps, plan.eval_every_samples).due(s.step, s.samples, launch.gbs):
-        return False
-    return screen is None or screen.full_due(lambda: screen_eval(launch))
 
 
 def at_step_boundary(launch: Launch) -> None:
@@ -499,7 +475,7 @@ def after_step(launch: Launch) -> None:
     """Evaluate when due (stopping at the target loss), then checkpoint when due, by steps or
     by the clock (rank 0's decides for all)."""
     plan, s = launch.plan, launch.state
-    if evaluation_due(launch):
+    if Cadence(plan.eval_every_steps, plan.eval_every_samples).due(s.step, s.samples, launch.gbs):
         val = run_eval(launch)
         if plan.stop.target_val_loss is not None and val <= plan.stop.target_val_loss:
             launch.stop_reason = "target_val_loss"
