@@ -27,6 +27,8 @@ LAST_LINES = {
     "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
     "noise_tracking.py": rf"tracking: progress x({NUMBER}|nan), fixed x({NUMBER}|nan)",
     "planner.py": rf"enumerate \+ score \+ decide from scratch: {NUMBER} ms",
+    "pool_suites.py": rf"pooled \d+ seeds: \S+ reaches ({NUMBER}%|n/a) of \S+'s gain over \S+ \(95% interval "
+    rf"({NUMBER}%-{NUMBER}%|n/a)\)",
     "prepare.py": r"same token files: True",
     "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",
     "reshard.py": rf"\d+ ranks: in place {NUMBER} s .*, through DCP on disk {NUMBER} s: {NUMBER}x",
