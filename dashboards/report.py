@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from copus.core.calibration import FIT_P_MIN
+from copus.core.comparison import sides_text
 from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
 from copus.storage import Location, StorageError
@@ -102,13 +103,8 @@ def speedup_cell(s: dict) -> str:
         if ci is not None:
             text += f"; {label} {entry['paired_speedup_mean']:+.1%} (95% CI {ci[0]:+.1%} .. {ci[1]:+.1%})"
     best = s.get("vs_best_baseline") or {}
-    if best.get("samples_ratio_ci95") and best.get("speed_ratio_ci95"):  # goodput's two sides of it
-        (a, b), (c, d) = best["samples_ratio_ci95"], best["speed_ratio_ci95"]
-        text += (
-            f"; vs {best['baseline']}: statistical side x{best['samples_ratio']:.2f} ({a:.2f} .. {b:.2f}), "
-            f"throughput side x{best['speed_ratio']:.2f} ({c:.2f} .. {d:.2f})"
-        )
-    return text
+    sides = sides_text(best)  # goodput's two sides of it
+    return text if sides is None else f"{text}; vs {best['baseline']}: {sides}"
 
 
 def audit_section(data: ReportData) -> str:

@@ -7,7 +7,7 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from copus.cluster.compare import comparison_columns, final_configs, speedup_metrics, speedup_phrase
+from copus.cluster.compare import comparison_columns, final_configs, side_lines, speedup_metrics, speedup_phrase
 from copus.cluster.driver_run import run_label
 from copus.config import config_from_mapping
 from copus.core.layout import CandidateConfig
@@ -146,3 +146,11 @@ def test_a_one_seed_comparison_says_it_has_no_interval():
     table = comparison_table({"policies": summarize(runs, ["copus", "static"]), "runs": runs}).splitlines()
     best = next(line for line in table if line.startswith("copus vs best baseline (static), paired log-ratio: "))
     assert "1 pairs" in best and "no interval: fewer than 2 pairs" in best and "95% CI" not in best
+
+
+def test_the_printed_sides_line_uses_the_reports_words():
+    block = {"samples_ratio": 0.79, "samples_ratio_ci95": [0.71, 0.87], "speed_ratio": 1.48}
+    assert side_lines(block) == []  # no interval on a side: no line
+    block |= {"speed_ratio_ci95": [1.31, 1.66], "n_sides": 8}
+    (line,) = side_lines(block)
+    assert "statistical side x0.79 (0.71 .. 0.87), throughput side x1.48 (1.31 .. 1.66), 95% CIs over 8 pairs" in line

@@ -143,12 +143,17 @@ def test_the_paired_log_ratio_splits_into_a_statistical_and_a_throughput_side():
     low, high = block["speed_ratio_ci95"]
     assert 1.45 < low < block["speed_ratio"] < high < 1.75
     assert block["samples_log_ratio_mean"] + block["speed_log_ratio_mean"] == pytest.approx(block["log_ratio_mean"])
+    from copus.core.comparison import sides_text
+
+    # The words the CLI's line (copus.cluster.compare.side_lines) and the report's cell both print.
+    assert sides_text(block).startswith("statistical side x0.77 (0.77 .. 0.77), throughput side x1.60 (")
 
     # A censored pair (static missed: its time is a bound, its samples bound nothing) has no sides.
     runs[-1] = seeded("static", 3, None, wall=300.0, samples=9000)
     block = summarize(runs, ["copus", "static"])["copus"]["paired_log_ratio"]["static"]
     assert block["n_pairs"] == 4 and block["n_sides"] == 3
     assert block["pairs"][-1]["samples_log_ratio"] is None and block["pairs"][-1]["speed_log_ratio"] is None
+    assert sides_text({"samples_ratio": 0.8, "speed_ratio": 1.5}) is None  # no interval, no claim
 
 
 def test_a_missed_baseline_is_censored_at_its_wall_clock_and_a_missed_copus_pair_left_out():

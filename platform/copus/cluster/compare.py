@@ -24,7 +24,7 @@ from typing import Callable
 from copus.cluster.driver import run_experiment
 from copus.cluster.run_state import read_records_log
 from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
-from copus.core.comparison import add_counterfactual_audits, best_baseline, run_order, summarize
+from copus.core.comparison import add_counterfactual_audits, best_baseline, run_order, sides_text, summarize
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
 from copus.core.tuning import CHOICE_RULE, TuningCandidate, candidate_result, choose_tuned
@@ -419,13 +419,12 @@ def log_ratio_lines(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> lis
 
 def side_lines(block: dict) -> list[str]:
     """The speedup's two factors (copus.core.comparison.goodput_sides), when they have intervals."""
-    if not block.get("samples_ratio_ci95") or not block.get("speed_ratio_ci95"):
+    text = sides_text(block)
+    if text is None:
         return []
-    (s_low, s_high), (v_low, v_high) = block["samples_ratio_ci95"], block["speed_ratio_ci95"]
     return [
-        f"    = statistical side x{block['samples_ratio']:.2f} (95% CI {s_low:.2f} .. {s_high:.2f}; the baseline's "
-        f"samples to target over these) x throughput side x{block['speed_ratio']:.2f} ({v_low:.2f} .. {v_high:.2f}; "
-        f"samples per second over the baseline's), {block['n_sides']} pairs"
+        f"    = {text}, 95% CIs over {block['n_sides']} pairs (statistical: the baseline's samples to target "
+        "over these; throughput: samples per second over the baseline's)"
     ]
 
 

@@ -219,6 +219,18 @@ def goodput_sides(pairs: list[dict]) -> dict:
     return out
 
 
+def sides_text(block: dict) -> str | None:
+    """Goodput's two sides of a paired speedup (`goodput_sides`), in the words the CLI and the
+    report both print; None without intervals (one pair is a reading, not a claim)."""
+    if not block.get("samples_ratio_ci95") or not block.get("speed_ratio_ci95"):
+        return None
+    (a, b), (c, d) = block["samples_ratio_ci95"], block["speed_ratio_ci95"]
+    return (
+        f"statistical side x{block['samples_ratio']:.2f} ({a:.2f} .. {b:.2f}), "
+        f"throughput side x{block['speed_ratio']:.2f} ({c:.2f} .. {d:.2f})"
+    )
+
+
 def _pair_log_ratio(mine: dict, theirs: dict) -> float | None:
     """log(t_theirs / t_mine) of one pair of runs (a missed baseline at its wall-clock time, a
     lower bound), or None when `mine` missed the target (no bound either way)."""
