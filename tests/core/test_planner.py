@@ -227,3 +227,21 @@ def test_a_cadence_in_samples_is_the_same_data_at_any_batch_size():
         due += [samples] if every.due(step, samples, gbs) else []
     assert due == [336, 672, 960, 1344]  # 1,440 samples in all
     assert [s for s in range(1, 61) if Cadence(steps=20).due(s, 7 * s, 7)] == [20, 40, 60]
+
+
+def test_a_switch_repays_its_cost_over_the_rest_of_the_run_taken_as_long_as_the_run_so_far():
+    from copus.core.planner import repayment_horizon
+
+    # Another layout 20% ahead, at a 440 s restart, decided every 600 s: within one interval it
+    # cannot repay (1.2 x 160 < 600); over the rest of a run that has lasted an hour it does.
+    now, other = CandidateConfig(2, 1, 1, 2, 16), CandidateConfig(1, 1, 2, 2, 16)
+    p = Planner.from_table({now: 100.0, other: 120.0}, 16, "pollux", 2.0, 0.10)
+    early = p.decide(now, float("inf"), 600.0, SwitchCosts(440.0), elapsed_s=300.0)
+    assert not early.switch  # over at least one interval: 120 x (600 - 440) < 100 x 600
+    late = p.decide(now, float("inf"), 600.0, SwitchCosts(440.0), elapsed_s=3600.0)
+    assert late.switch and late.best.config == other
+    assert 120.0 * (3600 - 440) > 100.0 * 3600  # the rule it follows
+    assert repayment_horizon(3600.0, 600.0) == 3600.0 and repayment_horizon(float("nan"), 600.0) == 600.0
+    # The threshold still holds however long the run: 5% ahead at no cost is not a switch.
+    close = Planner.from_table({now: 100.0, other: 105.0}, 16, "pollux", 2.0, 0.10)
+    assert not close.decide(now, float("inf"), 600.0, SwitchCosts(0.0), elapsed_s=1e6).switch

@@ -223,6 +223,7 @@ class Controller(RecordQueue):
             self.spec.interval_s,
             self.costs(),
             loss=self.last_val_loss,
+            elapsed_s=r.wall_clock_s,
         )
         entry = {"step": r.step, "wall_clock_s": r.wall_clock_s, "b_noise": b_noise}
         if d is None:
@@ -248,7 +249,14 @@ class Controller(RecordQueue):
         for c in belief.interval(settings.quantile_z):
             planner = self.base_planner.with_critical_factor(c)
             d = decide(
-                self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), self.last_val_loss
+                self.spec.policy,
+                planner,
+                r.config(),
+                b_noise,
+                self.spec.interval_s,
+                self.costs(),
+                self.last_val_loss,
+                r.wall_clock_s,
             )
             if d is None:
                 return

@@ -61,18 +61,21 @@ def decide(
     interval_s: float,
     costs: SwitchCosts,
     loss: float = float("nan"),
+    elapsed_s: float = 0.0,
 ) -> Decision | None:
     """The policy's decision now, or None when it has nothing to decide. `loss` is the run's
-    progress (latest validation loss); the critical batch comes from the planner's mapping."""
+    progress (latest validation loss); the critical batch comes from the planner's mapping.
+    `elapsed_s`, the run's time so far, sets the horizon a switch must repay its cost in."""
     if policy == "static":
         return None
+    since = {"loss": loss, "elapsed_s": elapsed_s}
     if policy == "copus":
-        return planner.decide(current, b_noise, interval_s, costs, loss=loss)
+        return planner.decide(current, b_noise, interval_s, costs, **since)
     if policy == "copus-gbs":
-        return planner.decide(current, b_noise, interval_s, costs, allowed=lambda c: same_shape(c, current), loss=loss)
+        return planner.decide(current, b_noise, interval_s, costs, allowed=lambda c: same_shape(c, current), **since)
     if policy.startswith("cbs"):
         if not math.isfinite(b_noise) or b_noise <= 0:
             return None
         target = nearest_gbs(planner, current, planner.critical_batch(b_noise, loss))
-        return planner.decide(current, b_noise, interval_s, costs, target=target, loss=loss)
+        return planner.decide(current, b_noise, interval_s, costs, target=target, **since)
     raise ValueError(f"policy.name: unknown policy {policy!r} (known: {', '.join(POLICIES)})")

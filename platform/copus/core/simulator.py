@@ -660,7 +660,7 @@ def _follow_policy(run: _Run, plan) -> None:
         next_decision = run.t + s.interval_s
         b_noise = estimate.read(run.model) if estimate is not None else float("nan")
         run.timeline.append(run.point(b_noise))
-        d = policies.decide(run.policy, plan, run.current, b_noise, s.interval_s, costs)
+        d = policies.decide(run.policy, plan, run.current, b_noise, s.interval_s, costs, elapsed_s=run.t)
         run.decided += d is not None
         if d is not None and d.switch:
             run.switch(
