@@ -198,3 +198,12 @@ def test_a_calibration_that_measured_less_says_what_it_replaces(tmp_path):
     _say_replaced(path, {"points": [{}] * 32}, lines.append)  # as many: a rerun
     _say_replaced(path, {"points": [{}] * 8}, lines.append)
     assert len(lines) == 1 and "replaces a calibration of 32 continuations with this one of 8" in lines[0]
+
+
+def test_on_a_gpu_cluster_each_continuation_asks_for_a_gpu_and_a_workers_cores():
+    from copus.cluster.calibrate import task_resources, trial_cpus
+
+    assert task_resources(2.0, use_gpu=False) == {"cpu": 2.0}
+    assert task_resources(4.0, use_gpu=True) == {"cpu": 4.0, "gpu": 1}  # a task without one sees no GPU
+    assert trial_cpus(use_gpu=True, cpus_per_worker=4) == 4.0  # one continuation per GPU
+    assert trial_cpus(use_gpu=False, cpus_per_worker=4) >= 1.0  # the driver's cores, one after another

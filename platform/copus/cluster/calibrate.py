@@ -157,6 +157,19 @@ def quick_overrides(cfg: ExperimentConfig) -> list[str]:
 # --- what runs on the Ray workers ---------------------------------------------------------
 
 
+def trial_cpus(use_gpu: bool, cpus_per_worker: float) -> float:
+    """The cores of the reference run and of each continuation, unless calibration.cpus_per_trial
+    says: on CPU all of the driver's (a continuation is one process, run one after another); on
+    a GPU cluster a training worker's share (cluster.cpus_per_worker), so one runs per GPU."""
+    return float(cpus_per_worker) if use_gpu else float(os.cpu_count() or 1)
+
+
+def task_resources(cpus: float, use_gpu: bool) -> dict:
+    """Ray resources of the reference run and of each continuation: its cores and, on a GPU
+    cluster, one GPU (a Ray task without one sees no GPU and would train on the CPU)."""
+    return {"cpu": cpus, **({"gpu": 1} if use_gpu else {})}
+
+
 def _use_cores(cpus: float) -> None:
     import torch
 
@@ -283,7 +296,7 @@ class Calibration:
             ),
             "max_samples": c.max_samples,
             "gns_steps": c.gns_steps,
-            "cpus": c.cpus_per_trial or float(os.cpu_count() or 1),
+            "cpus": c.cpus_per_trial or trial_cpus(cfg.cluster.use_gpu, cfg.cluster.cpus_per_worker),
         }
         # The work folder is keyed by the settings too: other settings, other runs.
         self.work = (
@@ -307,7 +320,8 @@ class Calibration:
             f"reference run at gbs {self.cfg.optimizer.reference_gbs} to {max(s['branch_samples'])} samples, "
             f"branching at {s['branch_samples']}"
         )
-        task = ray.remote(_reference_task).options(num_cpus=s["cpus"])
+        needs = task_resources(s["cpus"], self.plan.use_gpu)
+        task = ray.remote(_reference_task).options(num_cpus=needs["cpu"], num_gpus=needs.get("gpu", 0))
         points = ray.get(
             task.remote(
                 self.plan, s["branch_samples"], self.work / "branches", s["val_samples"], s["gns_steps"], s["cpus"]
@@ -383,7 +397,7 @@ class Calibration:
         t = time.time()
         trainable = tune.with_resources(
             tune.with_parameters(calibration_trial, plan=self.plan, settings=self.settings),
-            {"cpu": self.settings["cpus"]},
+            task_resources(self.settings["cpus"], self.plan.use_gpu),
         )
         tuner = tune.Tuner(
             trainable,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 
 from copus.cluster.monitor import RecordQueue
-from copus.cluster.probes import Probes, ProbeSource
+from copus.cluster.probes import NO_DEVICE_FOR_PROBE, Probes, ProbeSource
 from copus.core.finite import finite_json
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, SwitchCosts
@@ -272,7 +272,9 @@ class Controller(RecordQueue):
         length = probe_length(settings, r.samples, gbs, r.gbs)
         value = probe_value(settings, stake, r.wall_clock_s, length, self._run_speed())
         self.evaluations[-1]["probe"] = {"gbs": gbs, **value.as_dict()}
-        if value.worth:
+        if value.worth and not self.probes.device_free():
+            self.evaluations[-1]["probe"]["not_started"] = NO_DEVICE_FOR_PROBE
+        elif value.worth:
             self.probes.want(gbs, b_noise)
 
     def _goodput(self, planner: Planner, config: CandidateConfig, b_noise: float) -> float:

@@ -36,6 +36,21 @@ from copus.storage import Location, local_copy
 from copus.train.checkpoint import checkpoint_dirs, read_trainer_state
 from copus.train.plan import WorkerPlan
 
+# Why a probe that would pay was not made on a GPU cluster.
+NO_DEVICE_FOR_PROBE = "no GPU free beside the run's workers"
+
+
+def probe_options(use_gpu: bool) -> dict:
+    """A probe's Ray resources. No CPU: it shares the run's cores (the run's workers hold them).
+    On a GPU cluster one GPU of its own: a GPU a worker holds cannot be shared, and a Ray task
+    without a GPU sees none (it would train on the CPU)."""
+    return {"num_cpus": 0, "num_gpus": 1 if use_gpu else 0}
+
+
+def gpu_free(available: dict) -> bool:
+    """Whether Ray has a whole GPU no task or worker holds (`ray.available_resources()`)."""
+    return available.get("GPU", 0.0) >= 1.0
+
 
 @dataclass(frozen=True)
 class ProbeSource:
@@ -89,6 +104,11 @@ class Probes:
     def busy(self) -> bool:
         return self.wanted is not None or self.running is not None or self.finished is not None
 
+    def device_free(self) -> bool:
+        """Whether a probe could train now: on a GPU cluster only on a GPU no worker holds."""
+        plan = self.source.plan
+        return plan is None or not plan.use_gpu or gpu_free(ray.available_resources())
+
     def may_start(self, samples: int) -> bool:
         return not self.busy() and probe_due(self.settings, samples, self.started)
 
@@ -115,7 +135,7 @@ class Probes:
             note = f"not started: the branch checkpoint of step {step} is not in {self.source.checkpoint_root}"
             return self.unmeasured(step, wall_clock_s, samples, run_gbs, gbs, note)
         length = probe_length(self.settings, samples, gbs, run_gbs)
-        task = ray.remote(_probe_task).options(num_cpus=0)  # the run's workers hold the CPUs
+        task = ray.remote(_probe_task).options(**probe_options(self.source.plan.use_gpu))
         ref = task.remote(self.source.plan, where, gbs, length)
         started = {"start_samples": samples, "gbs": gbs, "run_gbs": run_gbs, "b_noise": self.wanted_b_noise}
         self.running = (ref, {**started, "length": length})
