@@ -219,26 +219,28 @@ def test_the_controller_reads_the_calibration_at_the_runs_progress():
 PROBE_TABLE = ((CandidateConfig(2, 1, 1, 2, 8), 100.0), (CandidateConfig(2, 1, 1, 2, 16), 120.0))
 
 
-def _probing_controller(tmp_path, prior_sd: float, min_value_ratio: float = 1.0, plan=None) -> Controller:
+def _probing_controller(tmp_path, prior_sd: float, min_value_ratio: float = 1.0, use_gpu: bool = False) -> Controller:
+    import types
+
     from copus.cluster.probes import ProbeSource
     from copus.core.probing import ProbeSettings
     from copus.storage import Location
 
     settings = ProbeSettings(prior_sd=prior_sd, first_samples=0, min_value_ratio=min_value_ratio)
-    source = ProbeSource(plan=plan, checkpoint_root=Location.parse(str(tmp_path)))  # not reached here
+    # The plan is read for its device only: no probe trains in these tests.
+    plan = types.SimpleNamespace(use_gpu=use_gpu)
+    source = ProbeSource(plan=plan, checkpoint_root=Location.parse(str(tmp_path)))
     return Controller(spec(throughputs=PROBE_TABLE, probes=settings), probe_source=source)
 
 
 def test_on_a_gpu_cluster_a_probe_needs_a_gpu_no_worker_holds(tmp_path, monkeypatch):
-    import types
-
     from copus.cluster import probes
 
     assert probes.probe_options(False) == {"num_cpus": 0, "num_gpus": 0}
     assert probes.probe_options(True) == {"num_cpus": 0, "num_gpus": 1}  # without one it would see no GPU
     # The decision of the test above, 40 s in, where a probe pays; every GPU held by the workers.
     monkeypatch.setattr(probes.ray, "available_resources", lambda: {"CPU": 0.0, "GPU": 0.0})
-    c = _probing_controller(tmp_path, prior_sd=3.0, plan=types.SimpleNamespace(use_gpu=True))
+    c = _probing_controller(tmp_path, prior_sd=3.0, use_gpu=True)
     start = CandidateConfig(2, 1, 1, 2, 8)
     c.push(step(1, 1.0, start, b_noise=10.0))
     c.push(step(2, 40.0, start, b_noise=10.0))
@@ -246,7 +248,7 @@ def test_on_a_gpu_cluster_a_probe_needs_a_gpu_no_worker_holds(tmp_path, monkeypa
     assert probe["worth"] is True and probe["not_started"] == probes.NO_DEVICE_FOR_PROBE
     assert c.decision() is None  # no branch checkpoint asked for: nothing could train from it
     monkeypatch.setattr(probes.ray, "available_resources", lambda: {"GPU": 1.0})  # a spare GPU
-    free = _probing_controller(tmp_path, prior_sd=3.0, plan=types.SimpleNamespace(use_gpu=True))
+    free = _probing_controller(tmp_path, prior_sd=3.0, use_gpu=True)
     free.push(step(1, 1.0, start, b_noise=10.0))
     free.push(step(2, 40.0, start, b_noise=10.0))
     assert isinstance(free.decision(), BranchRequest)

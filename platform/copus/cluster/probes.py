@@ -106,8 +106,7 @@ class Probes:
 
     def device_free(self) -> bool:
         """Whether a probe could train now: on a GPU cluster only on a GPU no worker holds."""
-        plan = self.source.plan
-        return plan is None or not plan.use_gpu or gpu_free(ray.available_resources())
+        return not self.source.plan.use_gpu or gpu_free(ray.available_resources())
 
     def may_start(self, samples: int) -> bool:
         return not self.busy() and probe_due(self.settings, samples, self.started)
