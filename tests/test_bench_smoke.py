@@ -23,18 +23,22 @@ LAST_LINES = {
     "gns_overhead.py": rf"worst probe overhead: {NUMBER}%",
     "gpu_check.py": r'\{"check": "resume-(bf16|fp32)", "resumed_steps": \[.*\], "max_rel_loss_diff": .*\}',
     "hf_load.py": rf"layout dp\d+-tp\d+-pp\d+: per rank held {NUMBER} MB \(= bytes read\), peak RSS growth .*",
+    "link_rate.py": rf"configured {NUMBER} Mbit/s: achieved {NUMBER} Mbit/s \(x{NUMBER}\); dp all-reduce/compute "
+    rf"({NUMBER}|n/a) at GBS \d+",
     "layouts.py": rf"best of \d+ workers: dp\d+ tp\d+ pp\d+.* gbs \d+ mbs \d+: {NUMBER} samples/s",
     "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
     "noise_tracking.py": rf"tracking: progress x({NUMBER}|nan), fixed x({NUMBER}|nan)",
     "planner.py": rf"enumerate \+ score \+ decide from scratch: {NUMBER} ms",
-    "pool_suites.py": rf"pooled \d+ seeds: \S+ reaches ({NUMBER}%|n/a) of \S+'s gain over \S+ \(95% interval "
-    rf"({NUMBER}%-{NUMBER}%|n/a)\)",
+    "pool_suites.py": rf"pooled \d+ seeds: \S+ reaches ({NUMBER}%|n/a) of \S+'s gain over \S+ "
+    rf"\((95% interval {NUMBER}% to {NUMBER}%|95% interval (from|up to) {NUMBER}%, unbounded (above|below): .*"
+    r"|no 95% interval, unbounded below and above: .*|no share: .*|no interval: .*)\)",
     "prepare.py": r"same token files: True",
     "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",
     "reshard.py": rf"\d+ ranks: in place {NUMBER} s .*, through DCP on disk {NUMBER} s: {NUMBER}x",
     "simulate.py": rf"full simulated comparison: {NUMBER} s wall-clock",
 }
-RAY_SCRIPTS = {"faults.py", "reconfigure.py"}  # a local Ray cluster and whole `copus run`s each
+RAY_SCRIPTS = {"faults.py", "reconfigure.py", "link_rate.py"}  # a Ray cluster (local, or emulated) each
+NEEDS_ROOT = {"link_rate.py"}  # an emulated cluster: namespaces, tc, cpusets
 
 
 def test_every_bench_script_has_a_smoke_case():
@@ -46,6 +50,11 @@ def test_every_bench_script_has_a_smoke_case():
     [pytest.param(s, marks=pytest.mark.slow) if s in RAY_SCRIPTS else s for s in sorted(LAST_LINES)],
 )
 def test_bench_script_runs_and_prints_its_last_line(script, tmp_path):
+    if script in NEEDS_ROOT:
+        from copus.cluster.emulate import requirements_problem
+
+        if requirements_problem():
+            pytest.skip(requirements_problem())
     env = dict(os.environ)
     if script in RAY_SCRIPTS:
         # Ray Train notices a run's end (and each checkpoint report) one health check late: 2 s
@@ -65,3 +74,20 @@ def test_bench_script_runs_and_prints_its_last_line(script, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(LAST_LINES[script], last), last
+
+
+def test_gpu_check_fails_when_a_resume_does_not_reproduce_its_steps(monkeypatch):
+    """bench/gpu_check.py exits non-zero unless the resumed steps 4-6 are the uninterrupted run's
+    (its smoke case above, exit 0, therefore says the resume reproduced them on the CPU)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_check import RESUME_TOLERANCE, resume_problem
+
+    ref = {1: 5.0, 2: 4.8, 3: 4.6, 4: 4.5, 5: 4.4, 6: 4.3}
+    same = {s: ref[s] for s in (4, 5, 6)}
+    assert resume_problem(ref, same, 48, 48) is None
+    assert resume_problem(ref, {**same, 5: 4.4 * (1 + RESUME_TOLERANCE / 2)}, 48, 48) is None
+    assert "step 5's training loss" in resume_problem(ref, {**same, 5: 4.41}, 48, 48)
+    assert "step 6's" in resume_problem(ref, {**same, 6: float("nan")}, 48, 48)
+    assert "not both steps 4-6" in resume_problem(ref, {4: 4.5, 5: 4.4}, 48, 48)  # a step lost
+    assert "not both steps 4-6" in resume_problem(ref, {**same, 3: 4.6}, 48, 48)  # resumed too early
+    assert resume_problem(ref, same, 48, 40) == "40 samples at the end, against 48"

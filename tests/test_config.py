@@ -73,6 +73,22 @@ BAD = [
     ("cluster.mixed_precision", "fp16", "cluster.mixed_precision: fp16 needs cluster.use_gpu: true"),
     ("reconfigure", "sometimes", "reconfigure: Input should be 'auto', 'in_place' or 'restart'"),
     ("policy.in_place_cost_s", -1, "policy.in_place_cost_s: Input should be greater than or equal to 0"),
+    ("cluster.emulate", {"nodes": 2}, "cluster.emulate.link_mbit: Field required"),
+    (
+        "cluster.emulate",
+        {"nodes": 3, "link_mbit": 100},
+        "cluster.emulate.nodes: 3 does not divide cluster.num_workers 2",
+    ),
+    (
+        "cluster.emulate",
+        {"nodes": 2, "link_mbit": 100, "subnet": "10.77.0.0/29"},
+        "cluster.emulate.subnet: 10.77.0.0/29 has no room for the head and 2 nodes",
+    ),
+    (
+        "cluster.emulate",
+        {"link_mbit": 100, "subnet": "10.77.0.1/24"},
+        "cluster.emulate.subnet: 10.77.0.1/24 has host bits set",
+    ),
 ]
 
 

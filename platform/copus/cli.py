@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 
 from copus.config import ConfigError, ExperimentConfig, is_suite_file, load_config
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_training_commands(sub) -> None:
-    """validate, run, gns, compare."""
+    """validate, run, gns, cluster, compare."""
     p = sub.add_parser("validate", help="check an experiment YAML and print the resolved config")
     _add_experiment_args(p)
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
@@ -47,6 +48,15 @@ def _add_training_commands(sub) -> None:
     p = sub.add_parser("gns", help="measure the gradient noise scale at the experiment's initial weights (JSON)")
     _add_experiment_args(p)
     p.add_argument("--steps", type=int, default=50, help="global batches to measure over (default 50)")
+    p = sub.add_parser(
+        "cluster", help="bring an emulated multi-node cluster up or down on this machine (root; cluster.emulate)"
+    )
+    p.add_argument("action", choices=("up", "down", "status", "reshape"))
+    p.add_argument("experiment", nargs="?", help="with up: the experiment YAML whose cluster.emulate to bring up")
+    _add_overrides(p, "override a field of the experiment, e.g. --set cluster.emulate.link_mbit=200")
+    p.add_argument("--state-dir", help="with down/status: the cluster's state directory (default /tmp/copus-emu)")
+    p.add_argument("--json", action="store_true", help="with status: print the state as JSON")
+    p.add_argument("--link-mbit", type=float, help="with reshape: the new inter-node rate, Mbit/s each direction")
     p = sub.add_parser("compare", help="run one experiment under several policies; time to target and speedup")
     p.add_argument("suite", help="comparison suite YAML")
     _add_overrides(p, "override a field of the suite's experiment (repeatable)")
@@ -410,6 +420,8 @@ def _interrupted(args: argparse.Namespace) -> str:
 
 
 def _where_interrupted(args: argparse.Namespace) -> str:
+    if args.command == "cluster":
+        return "interrupted; `copus cluster down` removes whatever was left"
     if args.command == "compare":
         from copus.config import load_suite
 
@@ -437,14 +449,102 @@ def _where_interrupted(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from copus.cluster.emulate import EmulationError  # no ray: plain processes and `ip`
+
     try:
-        return _dispatch(args)
+        with _emulated_cluster_for(args):
+            return _dispatch(args)
+    except EmulationError as err:
+        print(f"copus: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"copus: {_interrupted(args)}", file=sys.stderr)
         return 130
 
 
+# Commands that train or measure on Ray: under cluster.emulate they run on the emulated cluster.
+RAY_COMMANDS = ("run", "gns", "profile", "compare", "calibrate")
+
+
+def _cluster_section(args: argparse.Namespace):
+    """The cluster section of the experiment a Ray command works on (a suite's, for compare)."""
+    from copus.config import config_from_mapping, load_suite
+
+    if args.command == "compare":
+        suite, experiment = load_suite(args.suite, args.overrides)
+        return config_from_mapping(experiment, suite.set + args.overrides).cluster
+    if args.command in SUITE_AWARE:
+        return experiment_config(args).cluster
+    return load_config(args.experiment, args.overrides).cluster
+
+
+def _emulated_cluster_for(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """For a Ray command whose experiment has cluster.emulate (and names no other cluster): the
+    emulated cluster that is up, or one brought up for this command and taken down after it."""
+    if args.command not in RAY_COMMANDS:
+        return contextlib.nullcontext()
+    try:
+        cluster = _cluster_section(args)
+    except ConfigError:  # the command itself reports it, with its exit code
+        return contextlib.nullcontext()
+    if cluster.emulate is None or cluster.address or os.environ.get("RAY_ADDRESS"):
+        return contextlib.nullcontext()
+    from copus.cluster.emulate import EmulatedSpec, emulated_cluster
+
+    return emulated_cluster(EmulatedSpec.from_cluster_config(cluster), lambda line: print(line, file=sys.stderr))
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    """`copus cluster up EXPERIMENT | down | status`: the emulated multi-node cluster."""
+    from copus.cluster import emulate
+
+    if args.action == "up":
+        if args.experiment is None:
+            print("copus: cluster up: name the experiment YAML whose cluster.emulate to bring up", file=sys.stderr)
+            return 2
+        cluster = load_config(args.experiment, args.overrides).cluster
+        if cluster.emulate is None:
+            print(f"copus: {args.experiment}: cluster.emulate: not set, nothing to emulate", file=sys.stderr)
+            return 2
+        state = emulate.up(emulate.EmulatedSpec.from_cluster_config(cluster))
+        exports = " ".join(f"{k}={v}" for k, v in {**state["env"], "RAY_ADDRESS": state["address"]}.items())
+        print(f"join it:  export {exports}")
+        print(f"jobs API: ray job submit --address {state['dashboard']} --working-dir . -- COMMAND")
+        return 0
+    state_dir = args.state_dir or _default_state_dir()
+    if args.action == "down":
+        problem = emulate.requirements_problem()
+        if problem:
+            raise emulate.EmulationError(problem)
+        emulate.down(state_dir)
+        return 0
+    if args.action == "reshape":
+        if args.link_mbit is None or args.link_mbit <= 0:
+            print("copus: cluster reshape: --link-mbit: a positive rate is required", file=sys.stderr)
+            return 2
+        state = emulate.reshape(state_dir, args.link_mbit)
+        print(f"links re-capped at {args.link_mbit:g} Mbit/s: {emulate.EmulatedSpec(**state['spec']).describe()}")
+        return 0
+    state = emulate.status(state_dir)
+    if args.json:
+        print(json.dumps(state, indent=2))
+    elif state is None:
+        print(f"no emulated cluster is up (state in {state_dir})")
+    else:
+        health = "healthy" if state["healthy"] else "NOT healthy (`copus cluster down`, then up again)"
+        print(f"{emulate.EmulatedSpec(**state['spec']).describe()}, head {state['address']}: {health}")
+    return 0 if state is None or state["healthy"] else 1
+
+
+def _default_state_dir() -> str:
+    from copus.config import EmulateConfig
+
+    return EmulateConfig.model_fields["state_dir"].default
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "cluster":
+        return _cmd_cluster(args)
     if args.command == "export":
         return _cmd_export(args)
     if args.command == "compare":

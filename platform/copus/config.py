@@ -8,6 +8,7 @@ Every problem is reported as one line naming the YAML path of the field, e.g.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 import re
 import reprlib
@@ -231,7 +232,24 @@ class CheckpointConfig(Section):
     keep: int = Field(2, ge=1)
 
 
+class EmulateConfig(Section):
+    """A cluster of `nodes` emulated on this machine (copus.cluster.emulate): each node a network
+    namespace with its own address on a bridge, its link to the bridge capped at `link_mbit` in
+    both directions, its Ray node and workers pinned to its own cores. Needs root."""
+
+    nodes: int = Field(2, ge=2, le=64)
+    link_mbit: float = Field(..., gt=0.0, le=100_000.0)  # the inter-node rate, each direction
+    cores_per_node: int = Field(1, ge=1)  # cores each node owns (wrapping round the machine's cores)
+    subnet: str = "10.77.0.0/24"  # the bridge's; the head is .1, node i is .(10 + i)
+    port: int = Field(6390, ge=1024, le=65535)  # the head's GCS port; its dashboard (job API) is port + 1
+    state_dir: LocalPath = "/tmp/copus-emu"  # the cluster's state file, token and Ray session files
+
+
 class ClusterConfig(Section):
+    # A Ray cluster to join ("host:port", or "auto" for the one this machine started); RAY_ADDRESS
+    # wins over it. Neither set: a private local Ray instance for this command alone.
+    address: str | None = None
+    emulate: EmulateConfig | None = None  # train on a multi-node cluster emulated on this machine
     num_workers: int = Field(1, ge=1)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0.0)
@@ -491,9 +509,28 @@ def _check_cross_fields(cfg: ExperimentConfig) -> None:
                 "workload.dataset.dtype",
                 f"uint16 cannot hold the vocabulary of {flavour.name!r} ({flavour.vocab_size} tokens)",
             )
+    _check_emulate(cfg.cluster)
     if cfg.cluster.mixed_precision == "fp16" and not cfg.cluster.use_gpu:
         raise FieldProblem("cluster.mixed_precision", "fp16 needs cluster.use_gpu: true (use 'bf16' or 'no' on CPU)")
     _check_search(cfg, flavour.shape())
+
+
+def _check_emulate(c: ClusterConfig) -> None:
+    """An emulated cluster holds the run's workers in equal shares, one CPU process group each
+    node, and its subnet has room for the head and every node."""
+    e = c.emulate
+    if e is None:
+        return
+    if c.use_gpu:
+        raise FieldProblem("cluster.emulate", "emulates CPU nodes; leave it out with cluster.use_gpu: true")
+    if c.num_workers % e.nodes:
+        raise FieldProblem("cluster.emulate.nodes", f"{e.nodes} does not divide cluster.num_workers {c.num_workers}")
+    try:
+        net = ipaddress.IPv4Network(e.subnet)
+    except ValueError as err:
+        raise FieldProblem("cluster.emulate.subnet", str(err)) from None
+    if net.num_addresses < 12 + e.nodes:
+        raise FieldProblem("cluster.emulate.subnet", f"{e.subnet} has no room for the head and {e.nodes} nodes")
 
 
 def _check_ramp(cfg: ExperimentConfig, shape) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from copus.core.layout import CandidateConfig
-from copus.core.tradeoffs import fastest_by_gbs, tradeoff_lines, tradeoffs
+from copus.core.tradeoffs import fastest_by_gbs, layout_boundary, layout_table_lines, tradeoff_lines, tradeoffs
 
 
 def test_fastest_per_gbs_and_the_figures_of_both_trade_offs():
@@ -31,11 +31,35 @@ def test_fastest_per_gbs_and_the_figures_of_both_trade_offs():
     assert (t["fastest_at_smallest_gbs"], t["fastest_at_largest_gbs"]) == ("dp4-tp1-pp1 mbs1", "dp1-tp1-pp4 mbs16")
     assert t["b_crit_growth"] == pytest.approx(8.0)
     lines = tradeoff_lines(t)
-    assert "x5.00" in lines[0] and "change with the GBS" in lines[0] and "x8.0" in lines[1]
+    assert "x5.00" in lines[0] and "change with the GBS" in lines[0] and "x8.0" in lines[2]
+    # dp4 leads pp4 by 50% at GBS 4, pp4 leads dp4 by 25% at GBS 256: the layout must move.
+    b = t["layout_boundary"]
+    assert b["must_move"] and (b["fastest_at_small"], b["fastest_at_large"]) == ("dp4-tp1-pp1", "dp1-tp1-pp4")
+    assert b["lead_at_small"] == pytest.approx(0.5) and b["lead_at_large"] == pytest.approx(0.25)
+    assert "+50%" in lines[1] and "+25%" in lines[1] and "must move" in lines[1]
 
 
 def test_a_flat_space_says_so_and_missing_parts_are_left_out():
     t = tradeoffs({CandidateConfig(2, 1, 1, 4, 8): 100.0, CandidateConfig(2, 1, 1, 4, 16): 105.0}, [{"b_crit": 3.0}])
     assert not t["fastest_shape_changes"] and "b_crit_growth" not in t
     assert "are the same at both ends" in tradeoff_lines(t)[0]
-    assert tradeoffs({}) == {"fastest_by_gbs": []} and tradeoff_lines(tradeoffs({})) == []
+    assert tradeoffs({})["fastest_by_gbs"] == [] and tradeoff_lines(tradeoffs({})) == []
+    assert not tradeoffs({})["layout_boundary"]["must_move"]
+
+
+def test_the_layout_need_not_move_when_a_lead_is_under_the_bar():
+    table = {4: {"dp4-tp1-pp1": 30.0, "dp1-tp1-pp4": 20.0}, 256: {"dp4-tp1-pp1": 120.0, "dp1-tp1-pp4": 132.0}}
+    b = layout_boundary(table)
+    assert not b["must_move"] and b["lead_at_large"] == pytest.approx(0.10)
+    assert layout_boundary(table, min_lead=0.1)["must_move"]
+    # The best MBS of each layout stands for it; the fastest is marked, per GBS.
+    t = tradeoffs(
+        {
+            CandidateConfig(4, 1, 1, 1, 4): 30.0,
+            CandidateConfig(4, 1, 1, 4, 4): 35.0,
+            CandidateConfig(1, 1, 4, 1, 4): 20.0,
+        }
+    )
+    assert t["layouts_by_gbs"] == [{"gbs": 4, "samples_per_s": {"dp4-tp1-pp1": 35.0, "dp1-tp1-pp4": 20.0}}]
+    lines = layout_table_lines(t, {"dp4-tp1-pp1": ["dp"], "dp1-tp1-pp4": []})
+    assert "crosses: dp" in lines[2] and "in-node" in lines[2] and "35.0*" in lines[3]

@@ -4,6 +4,7 @@ building a TorchTrainer for the experiment, and running it while draining rank 0
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import threading
@@ -16,7 +17,9 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from copus.cluster import emulate
 from copus.config import ConfigError, ExperimentConfig
+from copus.core.topology import MESH_ORDER, crossing_dims
 from copus.train.data import num_windows
 from copus.train.plan import WorkerPlan, plan_from_config
 from workloads.corpus import TokenFiles
@@ -26,13 +29,19 @@ POLL_S = 0.5
 
 
 def ensure_ray(cfg: ExperimentConfig) -> None:
-    """Join the cluster named by RAY_ADDRESS (as under `ray job submit`), else start a local one."""
+    """Join the cluster RAY_ADDRESS names (as under `ray job submit`), else the one the config
+    names (cluster.address, or the emulated cluster of cluster.emulate), else start a private
+    local instance for this process alone: never the cluster a stale `ray start` recorded in
+    /tmp/ray, nor a live one the user started, which a plain `ray.init()` would join."""
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
-        return
     c = cfg.cluster
+    address = os.environ.get("RAY_ADDRESS") or c.address
+    if not address and c.emulate is not None:
+        address = _emulated_address(cfg)
+    if address:
+        ray.init(address=address, log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1")
+        return
     # A local cluster on a small machine: advertise enough CPUs for every worker, since
     # tests and the quickstart deliberately run several gloo workers on 2 cores.
     needed = int(c.num_workers * c.cpus_per_worker + 0.999)
@@ -40,15 +49,64 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     # through TrainingFailedError with the worker's traceback. No dashboard: the embedded
     # cluster serves no HTTP (no job API) at all.
     ray.init(
+        address="local",
         num_cpus=max(os.cpu_count() or 1, needed),
         include_dashboard=False,
         log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1",
     )
 
 
+def _emulated_address(cfg: ExperimentConfig) -> str:
+    """The address of the emulated cluster cfg describes, with its token in this process's
+    environment; refuses when none of that description is up."""
+    from ray._raylet import Config
+
+    spec = emulate.EmulatedSpec.from_cluster_config(cfg.cluster)
+    state = emulate.status(spec.state_dir)
+    if state is None or not state["healthy"] or state["spec"] != dataclasses.asdict(spec):
+        raise ConfigError(
+            f"cluster.emulate: no emulated cluster of {spec.describe()} is up (state in {spec.state_dir}); "
+            "start it with `copus cluster up EXPERIMENT.yaml`"
+        )
+    os.environ.update(state["env"])
+    # Ray caches its authentication mode when imported; refresh it the way Ray's own
+    # _enable_token_auth does, so this process presents the cluster's token.
+    Config.initialize("")
+    return state["address"]
+
+
+def run_topology(cfg: ExperimentConfig) -> dict:
+    """Where a run's ranks live, as summary.json and the profile report it: nodes and ranks per
+    node, known on an emulated cluster (equal shares per node) and on the private local instance
+    (one node); on a cluster that was joined the placement is Ray's and reported as null."""
+    c = cfg.cluster
+    joined = bool(os.environ.get("RAY_ADDRESS") or c.address)
+    if c.emulate is not None:  # also under `ray job submit` to it (RAY_ADDRESS names its head)
+        nodes, link = c.emulate.nodes, float(c.emulate.link_mbit)
+    else:
+        nodes, link = (None if joined else 1), None
+    return {
+        "emulated": c.emulate is not None,
+        "nodes": nodes,
+        "ranks_per_node": c.num_workers // nodes if nodes else None,
+        "link_mbit": link,
+        "mesh_order": list(MESH_ORDER),
+    }
+
+
+def crossing_of(topology: dict, layout: dict) -> list[str] | None:
+    """The dimensions of `layout` (dp, tp, pp) that cross nodes under `topology`; None unknown."""
+    per_node = topology.get("ranks_per_node")
+    if per_node is None:
+        return None
+    return list(crossing_dims(layout["dp"], layout["tp"], layout["pp"], per_node))
+
+
 def _scaling(cfg: ExperimentConfig) -> ScalingConfig:
     c = cfg.cluster
     resources = {"CPU": c.cpus_per_worker}
+    if c.emulate is not None:  # equal shares per node: each node has exactly its workers' slots
+        resources[emulate.SLOT] = 1
     if c.use_gpu:
         resources["GPU"] = c.gpus_per_worker
     return ScalingConfig(num_workers=c.num_workers, use_gpu=c.use_gpu, resources_per_worker=resources)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import ray
 
-from copus.cluster.launch import ensure_ray, fit_and_drain, one_shot_trainer, prepare_plan
+from copus.cluster.launch import crossing_of, ensure_ray, fit_and_drain, one_shot_trainer, prepare_plan, run_topology
 from copus.cluster.monitor import RunMonitor
 from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
@@ -29,7 +29,7 @@ from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, config_bytes
 from copus.core.search import candidates, gbs_grid, profile_points
 from copus.core.throughput import StepTimeModel
-from copus.core.tradeoffs import tradeoff_lines, tradeoffs
+from copus.core.tradeoffs import layout_table_lines, tradeoff_lines, tradeoffs
 from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord, Record, parse_record
 from copus.tracking import Tracker, flatten
 from copus.train.host import describe_hardware, hardware_label
@@ -53,12 +53,18 @@ def workload_key(cfg: ExperimentConfig) -> dict:
 
 
 def detect_hardware(cfg: ExperimentConfig) -> dict:
-    """The hardware of a worker node (scheduled with one worker's resources)."""
+    """The hardware of a worker node (scheduled with one worker's resources). On an emulated
+    cluster also its topology (nodes, link rate, cores per node), so that a table measured over
+    one link rate is never read for another."""
     c = cfg.cluster
     task = ray.remote(describe_hardware).options(
         num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker if c.use_gpu else 0
     )
-    return ray.get(task.remote(c.use_gpu))
+    hardware = ray.get(task.remote(c.use_gpu))
+    if c.emulate is not None:
+        e = c.emulate
+        hardware["emulated"] = {"nodes": e.nodes, "link_mbit": float(e.link_mbit), "cores_per_node": e.cores_per_node}
+    return hardware
 
 
 def device_memory_bytes(cfg: ExperimentConfig, hardware: dict) -> float:
@@ -202,7 +208,18 @@ def _result(
         "remeasured": [c.label() for c in suspects],
         "wall_clock_s": time.time() - t0,
         "tradeoffs": tradeoffs(measured_throughputs(table)),
+        "topology": _profile_topology(ctx.cfg, table),
     }
+
+
+def _profile_topology(cfg: ExperimentConfig, table: ProfileTable) -> dict:
+    """Where the profile's ranks lived, and which dimensions of each measured layout crossed nodes."""
+    topology = run_topology(cfg)
+    layouts = {(r["dp"], r["tp"], r["pp"]) for r in table.rows}
+    crossing = {
+        f"dp{dp}-tp{tp}-pp{pp}": crossing_of(topology, {"dp": dp, "tp": tp, "pp": pp}) for dp, tp, pp in sorted(layouts)
+    }
+    return {**topology, "crossing_by_layout": crossing}
 
 
 def load_or_profile(cfg: ExperimentConfig, echo: Callable[[str], None]) -> tuple[ProfileTable, StepTimeModel]:
@@ -441,6 +458,8 @@ def _print_summary(table: ProfileTable, result: dict, echo: Callable[[str], None
         )
     for row in result["tradeoffs"]["fastest_by_gbs"]:
         echo(f"  fastest at GBS {row['gbs']:<5} {row['shape']:<20} {row['samples_per_s']:8.1f} samples/s")
+    for line in layout_table_lines(result["tradeoffs"], result["topology"]["crossing_by_layout"]):
+        echo(line)
     for line in tradeoff_lines(result["tradeoffs"]):
         echo(line)
     echo(f"table: {result['table']}")

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Callable
 
 from copus.cluster.driver_run import DriverRun, run_label
+from copus.cluster.launch import crossing_of, run_topology
 from copus.cluster.progress import summary_text
 from copus.cluster.run_state import RunState, read_records_log
 from copus.core.layout import CandidateConfig
@@ -47,8 +48,17 @@ def final_config(run: DriverRun, final: EndRecord) -> CandidateConfig:
     )
 
 
+def _with_crossing(change: dict, topology: dict) -> dict:
+    return {
+        **change,
+        "crossing_from": crossing_of(topology, change["from"]),
+        "crossing_to": crossing_of(topology, change["to"]),
+    }
+
+
 def run_summary(run: DriverRun, final: EndRecord, ended: CandidateConfig, controller_state: dict | None) -> dict:
     """summary.json."""
+    topology = run_topology(run.cfg)
     return {
         "policy": run.cfg.policy.name,
         "reached_target": final.time_to_target_s is not None,
@@ -71,7 +81,13 @@ def run_summary(run: DriverRun, final: EndRecord, ended: CandidateConfig, contro
         "mlflow_experiment_id": run.tracker.experiment_id,
         "initial_layout": run.start.as_dict(),
         "layout": ended.as_dict(),
-        "reconfigurations": [r.as_dict() for r in run.state.reconfigurations],
+        "reconfigurations": [_with_crossing(r.as_dict(), topology) for r in run.state.reconfigurations],
+        # Which parallel dimensions cross nodes, at the start, the end and each change.
+        "topology": {
+            **topology,
+            "initial_crossing": crossing_of(topology, run.start.as_dict()),
+            "crossing": crossing_of(topology, ended.as_dict()),
+        },
         "controller": controller_state,
         "launches": run.state.launches,
         "data_fingerprint": run.tokens.fingerprint,

@@ -403,6 +403,16 @@ def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateC
     return StepTimeModel(hardware_params(cluster, shape, seq_len, cfg), shape).step_time(cfg)
 
 
+def dp_allreduce_ratio(cluster: Cluster, shape: ModelShape, seq_len: int, gbs: int) -> float:
+    """The data-parallel all-reduce time per step over the compute time per step of the
+    all-data-parallel layout (dp = every accelerator, mbs 1) at `gbs`, a multiple of the world
+    size: the dimensionless ratio an emulated cluster's link rate is set to match
+    (docs/emulated-cluster.md, bench/link_rate.py)."""
+    cfg = CandidateConfig(dp=cluster.world, tp=1, pp=1, mbs=1, gbs=gbs)
+    t = StepTimeModel(hardware_params(cluster, shape, seq_len, cfg), shape).terms(cfg)
+    return t.dp_allreduce / (t.pipeline + t.bubble)
+
+
 def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig, margin: float = 0.1) -> bool:
     node = cluster.node
     need = config_bytes(shape, cfg, seq_len, act_bytes=BF16, overhead_bytes=node.runtime_overhead_bytes)

@@ -30,12 +30,68 @@ def fastest_by_gbs(throughputs: dict[CandidateConfig, float]) -> list[dict]:
     ]
 
 
+def layout_label(c: CandidateConfig) -> str:
+    return f"dp{c.dp}-tp{c.tp}-pp{c.pp}"
+
+
+def layouts_by_gbs(throughputs: dict[CandidateConfig, float]) -> dict[int, dict[str, float]]:
+    """Per GBS, each layout's best throughput over its MBS and knobs (samples/s): the table that
+    shows whether the layout must move with the batch."""
+    table: dict[int, dict[str, float]] = {}
+    for c, value in throughputs.items():
+        if math.isfinite(value):
+            row = table.setdefault(c.gbs, {})
+            row[layout_label(c)] = max(value, row.get(layout_label(c), 0.0))
+    return dict(sorted(table.items()))
+
+
+def layout_margins(table: dict[int, dict[str, float]]) -> list[dict]:
+    """Per GBS the fastest layout and how far it is ahead of the best other layout (its
+    throughput over theirs, minus 1; None with a single layout measured there)."""
+    rows = []
+    for gbs, by_layout in table.items():
+        ranked = sorted(by_layout.items(), key=lambda kv: -kv[1])
+        ahead = ranked[0][1] / ranked[1][1] - 1.0 if len(ranked) > 1 else None
+        rows.append({"gbs": gbs, "fastest_layout": ranked[0][0], "samples_per_s": ranked[0][1], "ahead_by": ahead})
+    return rows
+
+
+def layout_boundary(table: dict[int, dict[str, float]], min_lead: float = 0.15) -> dict:
+    """Whether the layout must move with the GBS: the fastest layout at the smallest GBS differs
+    from the fastest at the largest, and each leads the other's best there by `min_lead` or more
+    (the other layout's best at that GBS, over its MBS)."""
+    margins = layout_margins(table)
+    if len(margins) < 2:
+        return {"must_move": False, "why": "fewer than two GBS measured"}
+    small, large = margins[0], margins[-1]
+    a, b = small["fastest_layout"], large["fastest_layout"]
+    lead_small = table[small["gbs"]][a] / table[small["gbs"]][b] - 1.0 if b in table[small["gbs"]] else None
+    lead_large = table[large["gbs"]][b] / table[large["gbs"]][a] - 1.0 if a in table[large["gbs"]] else None
+    leads = (lead_small, lead_large)
+    must = a != b and all(x is not None and x >= min_lead for x in leads)
+    return {
+        "must_move": must,
+        "small_gbs": small["gbs"],
+        "large_gbs": large["gbs"],
+        "fastest_at_small": a,
+        "fastest_at_large": b,
+        "lead_at_small": lead_small,
+        "lead_at_large": lead_large,
+        "min_lead": min_lead,
+    }
+
+
 def tradeoffs(throughputs: dict[CandidateConfig, float], branch_points: list[dict] | None = None) -> dict:
     """The trade-off figures of a profile (and of a calibration's branch points when given):
     `throughput_ratio` (fastest at the largest GBS / fastest at the smallest), the fastest
     shapes at both ends and whether they differ, `b_crit_growth` (last / first branch point)."""
     rows = fastest_by_gbs(throughputs)
-    out: dict = {"fastest_by_gbs": rows}
+    table = layouts_by_gbs(throughputs)
+    out: dict = {
+        "fastest_by_gbs": rows,
+        "layouts_by_gbs": [{"gbs": gbs, "samples_per_s": by_layout} for gbs, by_layout in table.items()],
+        "layout_boundary": layout_boundary(table),
+    }
     if rows:
         small, large = rows[0], rows[-1]
         out.update(
@@ -65,9 +121,50 @@ def tradeoff_lines(t: dict) -> list[str]:
             f"({t['fastest_at_largest_gbs']}): x{t['throughput_ratio']:.2f}; fastest layout and MBS "
             + ("change with the GBS" if t["fastest_shape_changes"] else "are the same at both ends")
         )
+    boundary = t.get("layout_boundary", {})
+    if "lead_at_small" in boundary and boundary["fastest_at_small"] == boundary["fastest_at_large"]:
+        lines.append(
+            f"layout boundary: none, {boundary['fastest_at_small']} is the fastest layout at GBS "
+            f"{boundary['small_gbs']} and at GBS {boundary['large_gbs']}"
+        )
+    elif "lead_at_small" in boundary:
+        lead = [f"{x:+.0%}" if x is not None else "n/a" for x in (boundary["lead_at_small"], boundary["lead_at_large"])]
+        lines.append(
+            f"layout boundary: {boundary['fastest_at_small']} leads {boundary['fastest_at_large']} by {lead[0]} at GBS "
+            f"{boundary['small_gbs']}; {boundary['fastest_at_large']} leads {boundary['fastest_at_small']} by "
+            f"{lead[1]} at GBS {boundary['large_gbs']}: the layout "
+            + (
+                "must move"
+                if boundary["must_move"]
+                else f"need not move (each must lead by {boundary['min_lead']:.0%})"
+            )
+        )
     if "b_crit_growth" in t:
         lines.append(
             f"measured critical batch: {t['b_crit_first']:.3g} -> {t['b_crit_last']:.3g} over the run: "
             f"x{t['b_crit_growth']:.1f}"
         )
+    return lines
+
+
+def layout_table_lines(t: dict, crossing: dict[str, list[str] | None] | None = None) -> list[str]:
+    """The layouts-by-GBS table as text: each layout's best samples/s at each GBS, the fastest
+    marked, and under each layout which of its dimensions cross nodes when known."""
+    rows = t.get("layouts_by_gbs") or []
+    layouts = sorted({name for row in rows for name in row["samples_per_s"]})
+    if not layouts:
+        return []
+    width = max(12, *(len(n) + 2 for n in layouts))
+    lines = [
+        "samples/s by layout (each at its best MBS; * the fastest)",
+        "  GBS " + "".join(f"{n:>{width}}" for n in layouts),
+    ]
+    if crossing:
+        cells = ["crosses: " + "+".join(crossing[n]) if crossing.get(n) else "in-node" for n in layouts]
+        lines.append("      " + "".join(f"{c:>{width}}" for c in cells))
+    for row in rows:
+        values = row["samples_per_s"]
+        top = max(values, key=values.get)
+        cells = [f"{values[n]:.1f}{'*' if n == top else ' '}" if n in values else "-" for n in layouts]
+        lines.append(f"{row['gbs']:>5} " + "".join(f"{c:>{width}}" for c in cells))
     return lines

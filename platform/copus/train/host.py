@@ -58,7 +58,11 @@ def describe_hardware(use_gpu: bool) -> dict:
 def hardware_label(hw: dict) -> str:
     if hw["kind"] == "cuda":
         return f"{hw['devices_per_node']}x {hw['device']} ({hw['device_memory_gib']} GiB)"
-    return f"CPU {hw['cpu']}, {hw['cores']} cores, {hw['host_memory_gib']} GiB"
+    label = f"CPU {hw['cpu']}, {hw['cores']} cores, {hw['host_memory_gib']} GiB"
+    if "emulated" in hw:
+        e = hw["emulated"]
+        label += f", per node of an EMULATED {e['nodes']}-node cluster (links {e['link_mbit']:g} Mbit/s)"
+    return label
 
 
 def _glibc():

@@ -1,0 +1,204 @@
+"""The emulated multi-node cluster (copus.cluster.emulate): nodes as network namespaces with
+capped links, each with its own Ray node and cores, brought up and down by `copus cluster`.
+
+Needs root, iproute2 and cgroup v1 cpusets (CI has them); elsewhere these tests skip saying
+which. The tests that need a cluster share one (module scope); the first test interrupts an
+`up` midway and the last takes the shared one down, each checking that nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from copus.cli import main
+from copus.cluster import emulate
+from tests.conftest import experiment_mapping
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEM = emulate.requirements_problem()
+needs_root = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+pytestmark = pytest.mark.slow
+LINK_MBIT = 200.0
+
+
+def _experiment(tmp: Path, token_cache: Path, state_dir: str) -> Path:
+    """The tests' small experiment on 4 workers, 2 per node, data parallel across the link."""
+    mapping = experiment_mapping(tmp, token_cache)
+    mapping["parallel"] = {"dp": 4, "tp": 1, "pp": 1}
+    emulated = {"nodes": 2, "link_mbit": LINK_MBIT, "state_dir": state_dir}
+    mapping["cluster"] = {"num_workers": 4, "cpus_per_worker": 0.5, "emulate": emulated}
+    path = tmp / "emulated.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
+def _leftovers() -> dict:
+    """What an emulated cluster leaves on the machine, by kind."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {
+        "namespaces": [ln.split()[0] for ln in netns.splitlines() if ln.startswith("copus-")],
+        "links": re.findall(r"\d+: (copus[^:@ ]*)", links),
+        "cpusets": [p.name for p in emulate.CPUSET_ROOT.glob("copus-*")],
+    }
+
+
+def _cli_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    return {**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
+def test_without_root_it_refuses_in_one_line(tmp_path, token_cache, monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    path = _experiment(tmp_path, token_cache, str(tmp_path / "state"))
+    assert main(["cluster", "up", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs root" in err
+    assert main(["run", str(path)]) == 2  # `copus run` of an emulated experiment says the same
+    assert "needs root" in capsys.readouterr().err
+
+
+@needs_root
+def test_an_interrupted_up_leaves_nothing_behind(tmp_path, token_cache):
+    state = tmp_path / "state"
+    path = _experiment(tmp_path, token_cache, str(state))
+    up = subprocess.Popen(
+        [sys.executable, "-m", "copus.cli", "cluster", "up", str(path)],
+        cwd=REPO,
+        env=_cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not _leftovers()["namespaces"] and time.monotonic() < deadline:  # midway: the network is there
+        time.sleep(0.05)
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=120)
+    assert up.returncode == 130, out
+    assert _leftovers() == {"namespaces": [], "links": [], "cpusets": []}
+    assert not state.exists()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, token_cache):
+    if PROBLEM is not None:
+        pytest.skip(PROBLEM)
+    tmp = tmp_path_factory.mktemp("emulated")
+    path = _experiment(tmp, token_cache, "/tmp/copus-emu-test")
+    done = subprocess.run(
+        [sys.executable, "-m", "copus.cli", "cluster", "up", str(path)],
+        cwd=REPO,
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield tmp, path, emulate.read_state("/tmp/copus-emu-test")
+    emulate.down("/tmp/copus-emu-test", echo=lambda _: None)
+
+
+def _qdisc_bytes(node: dict) -> tuple[int, int]:
+    """Bytes sent through node's link: into the node (bridge side) and out of it."""
+
+    def sent(cmd: list[str]) -> int:
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        return int(re.search(r"Sent (\d+) bytes", out).group(1))
+
+    into = sent(["tc", "-s", "qdisc", "show", "dev", node["link"]])
+    out = sent(["ip", "netns", "exec", node["name"], "tc", "-s", "qdisc", "show", "dev", emulate.NODE_IFNAME])
+    return into, out
+
+
+@needs_root
+def test_nodes_own_a_namespace_cores_and_a_capped_link(cluster):
+    _, path, state = cluster
+    assert [n["ip"] for n in state["nodes"]] == ["10.77.0.11", "10.77.0.12"]
+    assert {"copus-n1", "copus-n2"} <= set(_leftovers()["namespaces"])
+    cores = [(emulate.CPUSET_ROOT / f"copus-n{i}" / "cpuset.cpus").read_text().strip() for i in (1, 2)]
+    machine = sorted(os.sched_getaffinity(0))
+    assert cores == [str(machine[0]), str(machine[1 % len(machine)])]
+    for node in state["nodes"]:
+        # Every Ray process of the node runs inside its namespace and its cpuset.
+        in_ns = set(emulate._namespace_pids(node["name"]))
+        assert in_ns and in_ns <= set(emulate._cgroup_pids(node["name"]))
+        qdisc = subprocess.run(["tc", "qdisc", "show", "dev", node["link"]], capture_output=True, text=True).stdout
+        assert "tbf" in qdisc and "200Mbit" in qdisc
+    # A second `up` of the same description is the same cluster; another description is refused.
+    again = emulate.up(emulate.EmulatedSpec(**state["spec"]))
+    assert again["address"] == state["address"] and again["started_at"] == state["started_at"]
+    other = emulate.EmulatedSpec(**{**state["spec"], "link_mbit": 50.0})
+    with pytest.raises(emulate.EmulationError, match=r"another emulated cluster is up .*copus cluster down"):
+        emulate.up(other)
+
+
+@needs_root
+def test_a_run_trains_across_the_link_and_says_what_crosses(cluster):
+    tmp, path, state = cluster
+    before = [_qdisc_bytes(n) for n in state["nodes"]]
+    done = subprocess.run(
+        [sys.executable, "-m", "copus.cli", "run", str(path), "--json", "--quiet"],
+        cwd=REPO,
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["steps"] == 6 and summary["skipped_samples"] == 0
+    topo = summary["topology"]
+    assert (topo["emulated"], topo["nodes"], topo["ranks_per_node"], topo["link_mbit"]) == (True, 2, 2, LINK_MBIT)
+    assert topo["crossing"] == ["dp"] and topo["mesh_order"] == ["pp", "dp", "tp"]
+    # The data-parallel all-reduce went over the capped links: each node sent and received at
+    # least its share of 6 all-reduces of the model's gradient (ring: 2 (n-1)/n of its bytes).
+    from copus.config import load_config
+
+    grad_bytes = load_config(str(path)).flavour().param_count() * 4
+    after = [_qdisc_bytes(n) for n in state["nodes"]]
+    for (in0, out0), (in1, out1) in zip(before, after):
+        assert in1 - in0 > 6 * grad_bytes and out1 - out0 > 6 * grad_bytes
+
+
+@needs_root
+def test_ray_job_submit_runs_on_the_emulated_cluster(cluster):
+    _, _, state = cluster
+    env = {**_cli_env(), **state["env"]}
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "job",
+            "submit",
+            "--address",
+            state["dashboard"],
+            "--",
+            sys.executable,
+            "-c",
+            "import ray; ray.init(); print('nodes with slots:', sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('copus_slot')))",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "nodes with slots: 2" in done.stdout
+
+
+@needs_root
+def test_down_leaves_nothing_behind(cluster):
+    removed = emulate.down("/tmp/copus-emu-test", echo=lambda _: None)
+    assert removed["namespaces"] == 2 and removed["processes"] > 0
+    assert _leftovers() == {"namespaces": [], "links": [], "cpusets": []}
+    assert emulate.status("/tmp/copus-emu-test") is None
+    assert main(["cluster", "status", "--state-dir", "/tmp/copus-emu-test"]) == 0
