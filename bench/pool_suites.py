@@ -8,7 +8,8 @@ back to back), so pooling adds seeds without pairing runs from different days.
     .venv/bin/python bench/pool_suites.py docs/results/compare-cpu-gate.json --smoke
 
 No training. The last line reads `pooled N seeds: OURS reaches S% of REFERENCE's gain over
-BASELINE (95% interval L%-H%)`.
+BASELINE (95% interval L% to H%)`, or says which bound is missing and why
+(`copus.core.comparison.share_interval_text`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from smoke import parse_args
 
-from copus.core.comparison import gain_share, paired_log_ratio
+from copus.core.comparison import gain_share, paired_log_ratio, share_interval_text
 
 # Repeats of the k-th file are renumbered k * REPEAT_STRIDE + repeat, so no two suites share one.
 REPEAT_STRIDE = 10_000
@@ -67,13 +68,10 @@ def main() -> None:
         print(_line(name, paired))
     share = gain_share(runs, args.ours, args.reference, args.baseline, draws=args.draws)
     print(json.dumps({"files": [str(f) for f in args.files], "paired": rows, "share": share}))
-    low, high = share["ci95"] or [None, None]
     print(
         f"pooled {share['n_pairs']} seeds: {args.ours} reaches "
         + ("n/a" if share["share"] is None else f"{share['share']:.0%}")
-        + f" of {args.reference}'s gain over {args.baseline} (95% interval "
-        + ("n/a" if low is None else f"{low:.0%}-{high:.0%}")
-        + ")"
+        + f" of {args.reference}'s gain over {args.baseline} ({share_interval_text(share)})"
     )
 
 

@@ -3,6 +3,7 @@ baseline, with repeats (paired by seed) and policies that miss the target."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from copus.core.comparison import summarize
@@ -221,3 +222,93 @@ def test_no_share_of_a_gain_copus_did_not_make():
     runs += [seeded("static", r, 95.0) for r in range(3)]
     out = summarize(runs, ["copus", "static", "copus-uncalibrated"], ("copus", "copus-uncalibrated"))
     assert out["copus-uncalibrated"]["share_of_copus_gain"]["share"] is None
+
+
+def _three_entries(ours_gains: list[float], ref_gains: list[float]) -> list[dict]:
+    """static at 100 s on every seed; copus and copus-uncalibrated faster by these log-ratios."""
+    import math
+
+    runs = [run("static", r, 100.0) for r in range(len(ref_gains))]
+    runs += [run("copus", r, 100.0 * math.exp(-g)) for r, g in enumerate(ref_gains)]
+    runs += [run("copus-uncalibrated", r, 100.0 * math.exp(-g)) for r, g in enumerate(ours_gains)]
+    return runs
+
+
+def _bootstrap_means(gains: list[float], draws: int = 4000) -> np.ndarray:
+    """gain_share's draws of the mean gain (seed 0, the repeats drawn with replacement)."""
+    pick = np.random.default_rng(0).integers(0, len(gains), size=(draws, len(gains)))
+    return np.array(gains)[pick].mean(axis=1)
+
+
+def test_a_share_whose_reference_gain_crosses_zero_keeps_every_draw_and_says_which_bound_is_missing():
+    """copus lost on seed 2, so in about a quarter of the draws it gained nothing over static; the
+    variant gained on every seed. Those draws are not dropped: the variant beat a reference that
+    gained nothing, so they lie above every share. The lower bound is read from all 4,000 draws;
+    the upper one does not exist, and the interval says so in its own words."""
+    from copus.core.comparison import gain_share, share_interval_text
+
+    ref_gains, ours_gains = [0.3, 0.2, -0.4, 0.25], [0.2, 0.2, 0.1, 0.2]
+    share = gain_share(_three_entries(ours_gains, ref_gains), "copus-uncalibrated", "copus", "static")
+    ours, ref = _bootstrap_means(ours_gains), _bootstrap_means(ref_gains)
+    without = float(np.mean(ref <= 0))
+    assert 0.1 < without < 0.5 and share["draws"] == 4000
+    assert share["draws_without_reference_gain"] == pytest.approx(without)
+    assert share["share"] == pytest.approx(np.mean(ours_gains) / np.mean(ref_gains))
+    low, high = share["ci95"]
+    every_draw = np.where(ref > 0, ours / np.where(ref > 0, ref, 1.0), np.inf)
+    assert high is None and low == pytest.approx(np.quantile(every_draw, 0.025))
+    dropped = np.where(ref > 0, ours / np.where(ref > 0, ref, 1.0), np.nan)
+    assert np.isfinite(np.nanquantile(dropped, 0.975))  # leaving those draws out made up an upper bound
+    note = f"unbounded above: copus gained nothing over static in {without:.0%} of draws"
+    assert share["ci95_note"] == note
+    assert share_interval_text(share) == f"95% interval from {low:.0%}, {note}"
+
+
+def test_draws_where_neither_gained_support_no_bound():
+    """The variant makes half copus's gain on every seed, so it lost wherever copus did: such a
+    draw says nothing of a share (the inequalities turn over), and counts against both bounds."""
+    from copus.core.comparison import gain_share, share_interval_text
+
+    ref_gains = [0.3, 0.2, -0.4, 0.25]
+    share = gain_share(_three_entries([g / 2 for g in ref_gains], ref_gains), "copus-uncalibrated", "copus", "static")
+    assert share["share"] == pytest.approx(0.5) and share["ci95"] == [None, None]
+    assert share_interval_text(share).startswith("no 95% interval, unbounded below and above: copus gained nothing")
+    # With few such draws (under 2.5%) both bounds stand: every draw where copus gained reads 0.5.
+    steady = [0.3, 0.1, -0.2, 0.15, 0.1, 0.2, 0.12, 0.1]  # copus gained nothing in 1.5% of draws
+    share = gain_share(_three_entries([g / 2 for g in steady], steady), "copus-uncalibrated", "copus", "static")
+    assert 0 < share["draws_without_reference_gain"] < 0.025
+    assert share["ci95"] == pytest.approx([0.5, 0.5]) and share["ci95_note"] is None
+    assert share_interval_text(share) == "95% interval 50% to 50%"
+
+
+def test_a_draw_quantile_is_numpys_and_none_on_an_infinite_draw():
+    from copus.core.comparison import draw_quantile
+
+    finite = np.random.default_rng(1).normal(size=1001)
+    assert draw_quantile(finite, 0.025) == pytest.approx(np.quantile(finite, 0.025))
+    assert draw_quantile(finite, 0.975) == pytest.approx(np.quantile(finite, 0.975))
+    tail = np.concatenate([finite, np.full(30, np.inf)])  # 2.9% of the draws beyond every value
+    assert draw_quantile(tail, 0.025) == pytest.approx(np.quantile(tail, 0.025))
+    assert draw_quantile(tail, 0.975) is None
+
+
+def test_a_paired_speedup_counts_the_pairs_it_leaves_out_and_says_so():
+    """copus against copus-gbs (paired_against): a repeat where the ablation missed is no pair;
+    it is counted, and the words the CLI table and the report print say so."""
+    from copus.core.comparison import log_ratio_text, paired_against, paired_log_ratio, paired_speedup_text
+
+    runs = [run("copus", r, t) for r, t in enumerate([80.0, 90.0, 85.0])]
+    runs += [run("copus-gbs", r, t) for r, t in enumerate([88.0, None, 95.0])]
+    block = paired_against(runs, "copus-gbs")
+    assert block["paired_speedup_excluded"] == 1 and len(block["paired_speedup_per_repeat"]) == 2
+    assert paired_speedup_text(block).endswith(", 1 left out: a run missed the target")
+    complete = paired_against(runs[:2] + runs[3:4], "copus-gbs")  # repeat 0 only
+    assert complete["paired_speedup_excluded"] == 0 and paired_speedup_text(complete) is None  # one pair
+    missed = [
+        run("copus-uncalibrated", 0, None),
+        run("copus-uncalibrated", 1, 70.0),
+        run("copus-uncalibrated", 2, 75.0),
+    ]
+    missed += [run("static", r, 100.0) for r in range(3)]
+    text = log_ratio_text(paired_log_ratio(missed, "static", "copus-uncalibrated"), "copus-uncalibrated")
+    assert "2 pairs" in text and "1 left out: copus-uncalibrated missed the target" in text

@@ -24,7 +24,16 @@ from typing import Callable
 from copus.cluster.driver import run_experiment
 from copus.cluster.run_state import read_records_log
 from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
-from copus.core.comparison import add_counterfactual_audits, best_baseline, run_order, sides_text, summarize
+from copus.core.comparison import (
+    add_counterfactual_audits,
+    best_baseline,
+    log_ratio_text,
+    paired_speedup_text,
+    run_order,
+    share_interval_text,
+    sides_text,
+    summarize,
+)
 from copus.core.layout import CandidateConfig
 from copus.core.policy_names import ADAPTIVE
 from copus.core.tuning import CHOICE_RULE, TuningCandidate, candidate_result, choose_tuned
@@ -377,11 +386,11 @@ def comparison_table(result: dict) -> str:
 
 def paired_lines(s: dict) -> list[str]:
     """The paired-by-repeat speedup line of a comparison entry, when it has an interval."""
-    ci = s.get("paired_speedup_ci95")
-    if ci is None:
+    text = paired_speedup_text(s)
+    if text is None:
         return []
     per = ", ".join(f"{x:+.1%}" for x in s["paired_speedup_per_repeat"])
-    return [f"  paired by repeat: mean {s['paired_speedup_mean']:+.1%}, 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%} ({per})"]
+    return [f"  paired by repeat: mean {text}; per repeat {per}"]
 
 
 def variant_lines(policies: dict, adaptive: tuple[str, ...]) -> list[str]:
@@ -392,11 +401,10 @@ def variant_lines(policies: dict, adaptive: tuple[str, ...]) -> list[str]:
         s = policies.get(variant) or {}
         block, share = s.get("vs_copus"), s.get("share_of_copus_gain")
         if block and block["log_ratio_mean"] is not None:
-            lines.append(f"{variant} vs copus, paired log-ratio: {_log_ratio(block)}")
+            lines.append(f"{variant} vs copus, paired log-ratio: {log_ratio_text(block, variant)}")
         if share and share["share"] is not None:
-            ci = share["ci95"]
             lines.append(
-                f"  {variant} reaches {share['share']:.0%} (95% CI {ci[0]:.0%} .. {ci[1]:.0%}) of copus's gain "
+                f"  {variant} reaches {share['share']:.0%} ({share_interval_text(share)}) of copus's gain "
                 f"over {share['baseline']} ({share['n_pairs']} paired seeds)"
             )
     return lines
@@ -409,11 +417,13 @@ def log_ratio_lines(policies: dict, adaptive: tuple[str, ...] = ADAPTIVE) -> lis
     for policy in adaptive:
         best = (policies.get(policy) or {}).get("vs_best_baseline")
         if best and best["log_ratio_mean"] is not None:
-            lines.append(f"{policy} vs best baseline ({best['baseline']}), paired log-ratio: {_log_ratio(best)}")
+            lines.append(
+                f"{policy} vs best baseline ({best['baseline']}), paired log-ratio: {log_ratio_text(best, policy)}"
+            )
             lines += side_lines(best)
     for baseline, block in (policies.get("copus") or {}).get("paired_log_ratio", {}).items():
         if block["log_ratio_mean"] is not None:
-            lines.append(f"  copus vs {baseline}: {_log_ratio(block)}")
+            lines.append(f"  copus vs {baseline}: {log_ratio_text(block)}")
     return lines
 
 
@@ -426,19 +436,6 @@ def side_lines(block: dict) -> list[str]:
         f"    = {text}, 95% CIs over {block['n_sides']} pairs (statistical: the baseline's samples to target "
         "over these; throughput: samples per second over the baseline's)"
     ]
-
-
-def _log_ratio(block: dict) -> str:
-    ci = block["speedup_ci95"]
-    interval = f", 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%}" if ci else ""
-    notes = [f"{block['n_pairs']} pairs"]
-    if not ci:  # one seed (make run's demonstration) is a reading, not a measurement
-        notes.append("no interval: fewer than 2 pairs")
-    if block["censored_seeds"]:
-        notes.append(f"{len(block['censored_seeds'])} baseline miss(es) at its stopping time, a lower bound")
-    if block["pairs_excluded"]:
-        notes.append(f"{block['pairs_excluded']} left out: copus missed the target")
-    return f"{block['speedup']:+.1%}{interval} (mean log-ratio {block['log_ratio_mean']:+.3f}; {', '.join(notes)})"
 
 
 def tuning_lines(tuning: dict | None) -> list[str]:

@@ -105,21 +105,97 @@ def gain_share(runs: list[dict], ours: str, reference: str, baseline: str, draws
     """How much of `reference`'s gain over `baseline` `ours` reaches, seed by seed: the ratio of
     the mean paired log-ratios, mean log(t_baseline/t_ours) / mean log(t_baseline/t_reference),
     over the repeats all three reached the target, with a 95% interval from resampling those
-    repeats (the three runs of a repeat stay together). None when the reference gained nothing."""
+    repeats (the three runs of a repeat stay together). None when the reference gained nothing.
+
+    The interval is read from every draw (`share_bounds`), those in which the reference gained
+    nothing (`draws_without_reference_gain`, their fraction) included: they have no finite share,
+    and when they reach a bound's quantile that bound is null and `ci95_note` says why
+    ("unbounded above: copus gained nothing over static in 9% of draws")."""
     times = {(r["policy"], r["repeat"]): r["time_to_target_s"] for r in runs if r["reached_target"]}
     repeats = sorted(k for (p, k) in times if p == baseline and (ours, k) in times and (reference, k) in times)
     base = np.array([math.log(times[(baseline, k)]) for k in repeats])
     gain_ours = base - np.array([math.log(times[(ours, k)]) for k in repeats])
     gain_ref = base - np.array([math.log(times[(reference, k)]) for k in repeats])
-    out = {"reference": reference, "baseline": baseline, "n_pairs": len(repeats), "share": None, "ci95": None}
-    if len(repeats) < 2 or gain_ref.mean() <= 0:
-        return out
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(repeats), size=(draws, len(repeats)))
-    ref_means = gain_ref[pick].mean(axis=1)
-    shares = np.where(ref_means > 0, gain_ours[pick].mean(axis=1) / np.where(ref_means > 0, ref_means, 1.0), np.nan)
-    low, high = np.nanquantile(shares, [0.025, 0.975])
-    return {**out, "share": float(gain_ours.mean() / gain_ref.mean()), "ci95": [float(low), float(high)]}
+    out = {
+        "reference": reference,
+        "baseline": baseline,
+        "n_pairs": len(repeats),
+        "share": None,
+        "ci95": None,
+        "draws": 0,
+        "draws_without_reference_gain": None,
+        "ci95_note": None,
+    }
+    if len(repeats) < 2:
+        return {**out, "ci95_note": "no interval: fewer than 2 seeds that all three reached the target"}
+    if gain_ref.mean() <= 0:
+        return {**out, "ci95_note": f"no share: {reference} gained nothing over {baseline} on these seeds"}
+    pick = np.random.default_rng(seed).integers(0, len(repeats), size=(draws, len(repeats)))
+    ours_means, ref_means = gain_ours[pick].mean(axis=1), gain_ref[pick].mean(axis=1)
+    low, high = share_bounds(ours_means, ref_means)
+    without_gain = float(np.mean(ref_means <= 0))
+    return {
+        **out,
+        "share": float(gain_ours.mean() / gain_ref.mean()),
+        "ci95": [low, high],
+        "draws": draws,
+        "draws_without_reference_gain": without_gain,
+        "ci95_note": unbounded_note(low, high, without_gain, reference, baseline),
+    }
+
+
+def share_bounds(ours_means: np.ndarray, ref_means: np.ndarray) -> tuple[float | None, float | None]:
+    """The share's 95% bootstrap interval from each draw's mean gains, every draw kept; a bound
+    is None where it does not exist. A draw in which the reference gained nothing (mean <= 0) has
+    no finite share. Where `ours` gained in it, "ours reaches at least X of the reference's gain"
+    (ours >= X * reference) holds for every X >= 0 and "at most X" for none: it sits above every
+    share (+inf). Where neither gained, the inequalities turn over and the draw supports no bound:
+    it counts against both (-inf for the lower, +inf for the upper). (The raw ratio would put a
+    draw where ours gained and the reference lost below every positive share.)"""
+    gained = ref_means > 0
+    shares = ours_means / np.where(gained, ref_means, 1.0)
+    for_lower = np.where(gained, shares, np.where(ours_means > 0, np.inf, -np.inf))
+    for_upper = np.where(gained, shares, np.inf)
+    return draw_quantile(for_lower, 0.025), draw_quantile(for_upper, 0.975)
+
+
+def draw_quantile(draws: np.ndarray, q: float) -> float | None:
+    """The q-quantile of the draws (numpy's default, linear between order statistics); None when
+    it falls on an infinite draw: that bound does not exist."""
+    ordered = np.sort(draws)
+    position = (len(ordered) - 1) * q
+    below, frac = int(math.floor(position)), position - math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    neighbours = [ordered[below]] + ([ordered[above]] if frac > 0 else [])
+    if not all(np.isfinite(neighbours)):
+        return None
+    return float(ordered[below] + (ordered[above] - ordered[below]) * frac)
+
+
+def unbounded_note(
+    low: float | None, high: float | None, without_gain: float, reference: str, baseline: str
+) -> str | None:
+    """Why a share's interval lacks a bound (None when it has both)."""
+    sides = [side for side, bound in (("below", low), ("above", high)) if bound is None]
+    if not sides:
+        return None
+    return f"unbounded {' and '.join(sides)}: {reference} gained nothing over {baseline} in {without_gain:.0%} of draws"
+
+
+def share_interval_text(share: dict) -> str:
+    """A share's 95% interval in the words the CLI table and bench/pool_suites.py both print, with
+    the reason where it has no bound on a side."""
+    ci, note = share.get("ci95"), share.get("ci95_note")
+    if ci is None:
+        return note or "no interval"
+    low, high = ci
+    if low is not None and high is not None:
+        return f"95% interval {low:.0%} to {high:.0%}"
+    if low is not None:
+        return f"95% interval from {low:.0%}, {note}"
+    if high is not None:
+        return f"95% interval up to {high:.0%}, {note}"
+    return f"no 95% interval, {note}"
 
 
 def seed_rows(runs: list[dict]) -> list[dict]:
@@ -272,15 +348,46 @@ def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
 
 
 def paired_against(runs: list[dict], baseline: str, ours: str = "copus") -> dict:
-    """`ours` against one baseline, repeat by repeat (same seed): t_baseline / t_ours − 1."""
+    """`ours` against one baseline, repeat by repeat (same seed): t_baseline / t_ours − 1, over
+    the repeats where both reached the target; a repeat both ran where either missed is left out
+    and counted (`paired_speedup_excluded`)."""
     by = {(r["policy"], r["repeat"]): r["time_to_target_s"] for r in runs}
-    paired = [
-        by[(baseline, k)] / by[(ours, k)] - 1
-        for k in sorted({r["repeat"] for r in runs})
-        if by.get((ours, k)) and by.get((baseline, k))
-    ]
+    ran = [k for k in sorted({r["repeat"] for r in runs}) if (ours, k) in by and (baseline, k) in by]
+    both = [k for k in ran if by[(ours, k)] and by[(baseline, k)]]
+    paired = [by[(baseline, k)] / by[(ours, k)] - 1 for k in both]
     mean, ci = mean_ci95(paired)
-    return {"paired_speedup_per_repeat": paired, "paired_speedup_mean": mean, "paired_speedup_ci95": ci}
+    return {
+        "paired_speedup_per_repeat": paired,
+        "paired_speedup_mean": mean,
+        "paired_speedup_ci95": ci,
+        "paired_speedup_excluded": len(ran) - len(both),
+    }
+
+
+def paired_speedup_text(entry: dict) -> str | None:
+    """`paired_against`'s mean speedup with its 95% interval and the pairs it left out, in the
+    words the CLI table and the report both print; None without an interval."""
+    ci = entry.get("paired_speedup_ci95")
+    if ci is None:
+        return None
+    text = f"{entry['paired_speedup_mean']:+.1%} (95% CI {ci[0]:+.1%} .. {ci[1]:+.1%})"
+    excluded = entry.get("paired_speedup_excluded")
+    return f"{text}, {excluded} left out: a run missed the target" if excluded else text
+
+
+def log_ratio_text(block: dict, ours: str = "copus") -> str:
+    """A paired log-ratio block (`paired_log_ratio`) in the words the CLI table and the report
+    both print: the speedup, its interval, and how many pairs it rests on, censored or left out."""
+    ci = block["speedup_ci95"]
+    interval = f", 95% CI {ci[0]:+.1%} .. {ci[1]:+.1%}" if ci else ""
+    notes = [f"{block['n_pairs']} pairs"]
+    if not ci:  # one seed (make run's demonstration) is a reading, not a measurement
+        notes.append("no interval: fewer than 2 pairs")
+    if block["censored_seeds"]:
+        notes.append(f"{len(block['censored_seeds'])} baseline miss(es) at its stopping time, a lower bound")
+    if block["pairs_excluded"]:
+        notes.append(f"{block['pairs_excluded']} left out: {ours} missed the target")
+    return f"{block['speedup']:+.1%}{interval} (mean log-ratio {block['log_ratio_mean']:+.3f}; {', '.join(notes)})"
 
 
 def paired_static(runs: list[dict], row: dict) -> dict | None:
