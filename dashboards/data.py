@@ -46,6 +46,9 @@ class RunSeries:
     run_id: str
     metrics: dict[str, dict[int, float]] = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
+    # Why there is no summary to show (none yet, or one that could not be read), else None: the
+    # report says so instead of reading an empty summary as a run that missed its target.
+    summary_problem: str | None = None
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         """(wall-clock seconds, values) of a metric, in step order."""
@@ -90,18 +93,43 @@ class ReportData:
     target: float | None
     calibrations: list[dict] = field(default_factory=list)  # calibration files, as `load_calibration` reads them
     profiles: list[dict] = field(default_factory=list)  # profile tables of the output directory's profiles/
+    problems: list[str] = field(default_factory=list)  # inputs that could not be read: each names its file and why
+
+
+def artifact_json(client: MlflowClient, run_id: str, name: str) -> dict | None:
+    """A run's JSON artifact (summary.json, comparison.json); None when the run has none.
+    ReportError naming the file and what failed when it is there and cannot be read."""
+    try:
+        names = {a.path for a in client.list_artifacts(run_id)}
+    except Exception as err:  # an artifact store that does not answer, or refuses
+        raise ReportError(f"{name} of run {run_id}: could not list its artifacts ({_failure(err)})") from None
+    if name not in names:
+        return None
+    try:
+        data = json.loads(Path(client.download_artifacts(run_id, name)).read_text())
+    except Exception as err:  # a download that fails, or a file that is not JSON
+        raise ReportError(f"{name} of run {run_id}: could not be read ({_failure(err)})") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{name} of run {run_id}: not a JSON object")
+    return data
+
+
+def _failure(err: BaseException) -> str:
+    return f"{type(err).__name__}: {first_line(err, 160)}"
 
 
 def _load_run(client: MlflowClient, run_id: str) -> RunSeries:
+    """A run's metrics and summary.json; a run without a readable summary is still plotted from
+    what it logged, with `summary_problem` saying why its outcome is not shown."""
     run = client.get_run(run_id)
     metrics = {k: {m.step: m.value for m in client.get_metric_history(run_id, k)} for k in SERIES}
-    summary = {}
+    name = run.info.run_name or run_id
     try:
-        path = client.download_artifacts(run_id, "summary.json")
-        summary = json.loads(Path(path).read_text())
-    except Exception:  # a run that did not finish has no summary: plot what it logged
-        pass
-    return RunSeries(run.info.run_name or run_id, run.data.tags.get("policy", "?"), run_id, metrics, summary)
+        summary = artifact_json(client, run_id, "summary.json")
+        problem = None if summary is not None else f"run {name}: no summary.json (MLflow status {run.info.status})"
+    except ReportError as err:
+        summary, problem = None, f"run {name}: {err}"
+    return RunSeries(name, run.data.tags.get("policy", "?"), run_id, metrics, summary or {}, problem)
 
 
 def load_calibration(path: Path | Location) -> dict:
@@ -215,9 +243,22 @@ def bounded_mlflow_requests() -> Iterator[None]:
                 os.environ.pop(k, None)
 
 
-def _runs_of(client: MlflowClient, parent, comparison: dict | None) -> tuple[str, list[RunSeries], dict | None]:
+def _comparison_of(client: MlflowClient, run_id: str) -> tuple[dict | None, str | None]:
+    """A comparison's parent run's comparison.json, or None and why it is not shown."""
+    try:
+        comparison = artifact_json(client, run_id, "comparison.json")
+    except ReportError as err:
+        return None, f"{err}: no paired statistics shown"
+    if comparison is None:
+        return None, f"run {run_id}: no comparison.json (the suite has not finished): no paired statistics shown"
+    return comparison, None
+
+
+def _runs_of(
+    client: MlflowClient, parent, comparison: dict | None
+) -> tuple[str, list[RunSeries], dict | None, list[str]]:
     """The report's title and runs: a comparison's children (and its comparison.json when the
-    folder did not hold one), or the run itself."""
+    folder did not hold one), or the run itself; and what of them could not be read."""
     run_id = parent.info.run_id
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", order_by=["attributes.start_time ASC"]
@@ -226,13 +267,16 @@ def _runs_of(client: MlflowClient, parent, comparison: dict | None) -> tuple[str
     children = [c for c in children if c.data.tags.get("copus.phase") != "tuning"]
     if not children:
         runs = [_load_run(client, run_id)]
-        return runs[0].name, runs, comparison
+        return runs[0].name, runs, comparison, _summary_problems(runs)
+    problem = None
     if comparison is None:
-        try:
-            comparison = json.loads(Path(client.download_artifacts(run_id, "comparison.json")).read_text())
-        except Exception:
-            comparison = None
-    return parent.info.run_name or run_id, [_load_run(client, c.info.run_id) for c in children], comparison
+        comparison, problem = _comparison_of(client, run_id)
+    runs = [_load_run(client, c.info.run_id) for c in children]
+    return parent.info.run_name or run_id, runs, comparison, ([problem] if problem else []) + _summary_problems(runs)
+
+
+def _summary_problems(runs: list[RunSeries]) -> list[str]:
+    return [r.summary_problem for r in runs if r.summary_problem]
 
 
 def load(source: str, tracking_uri: str | None) -> ReportData:
@@ -247,10 +291,16 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
             parent = client.get_run(run_id)
         except Exception as err:
             raise ReportError(f"{source}: no MLflow run {run_id} at {tracking_uri} ({type(err).__name__})") from None
-        title, runs, comparison = _runs_of(client, parent, comparison)
+        title, runs, comparison, problems = _runs_of(client, parent, comparison)
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
     return ReportData(
-        title, runs, comparison, target, calibrations_in(path) if on_disk else [], profiles_in(path) if on_disk else []
+        title,
+        runs,
+        comparison,
+        target,
+        calibrations_in(path) if on_disk else [],
+        profiles_in(path) if on_disk else [],
+        problems,
     )

@@ -16,17 +16,17 @@ import time
 from pathlib import Path
 
 from copus.core.calibration import FIT_P_MIN
-from copus.core.comparison import sides_text
+from copus.core.comparison import log_ratio_text, paired_speedup_text, sides_text
 from copus.core.layout import CandidateConfig
 from copus.core.tradeoffs import tradeoff_lines, tradeoffs
 from copus.storage import Location, StorageError
-from dashboards.data import ReportData, ReportError, audited_changes, load, load_calibration, output_location
+from dashboards.data import ReportData, ReportError, RunSeries, audited_changes, load, load_calibration, output_location
 from dashboards.plots import CALIBRATION_FIGURES, CONFIGURED_FACTOR, FIGURES, efficiency_audit
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}figure{margin:1.5em 0}
-figure svg{max-width:100%;height:auto}.note{color:#666;font-size:90%}"""
+figure svg{max-width:100%;height:auto}.note{color:#666;font-size:90%}.problem{color:#a00}"""
 
 CHECK = """<script>
 window.addEventListener('load', function () {
@@ -60,23 +60,11 @@ def results_table(data: ReportData) -> str:
                     _fmt(s["final_val_loss"], ".4f"),
                     _fmt(s["samples"], ".0f"),
                     _fmt(s["reconfigurations"], ".1f"),
-                    speedup_cell(s),
+                    speedup_cell(s, policy),
                 ]
             )
     else:
-        for r in data.runs:
-            s = r.summary
-            rows.append(
-                [
-                    r.policy,
-                    "yes" if s.get("reached_target") else "no",
-                    _fmt(s.get("time_to_target_s")),
-                    _fmt(s.get("final_val_loss"), ".4f"),
-                    _fmt(s.get("samples"), ".0f"),
-                    str(len(s.get("reconfigurations", []))),
-                    "",
-                ]
-            )
+        rows = [_run_row(r) for r in data.runs]
     head = [
         "policy",
         "reached target",
@@ -90,21 +78,50 @@ def results_table(data: ReportData) -> str:
     return f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{cells}</table>"
 
 
-def speedup_cell(s: dict) -> str:
-    """An adaptive policy's speedup over the fastest baseline by mean time, with the paired mean
-    over repeats and its 95% interval when there are repeats (copus also against copus-gbs)."""
-    speed = s.get("speedup_vs_fastest_baseline")
-    if speed is None:
+def _run_row(r: RunSeries) -> list:
+    """A run's row from its summary.json; one whose summary is not there to read says so
+    rather than showing an empty summary as a run that missed its target."""
+    s = r.summary
+    if r.summary_problem:
+        return [r.policy, "unknown: no readable summary (see above)", "-", "-", "-", "-", ""]
+    return [
+        r.policy,
+        "yes" if s.get("reached_target") else "no",
+        _fmt(s.get("time_to_target_s")),
+        _fmt(s.get("final_val_loss"), ".4f"),
+        _fmt(s.get("samples"), ".0f"),
+        str(len(s.get("reconfigurations", []))),
+        "",
+    ]
+
+
+def problems_note(data: ReportData) -> str:
+    """What could not be read, each naming its file and what failed, above the results."""
+    if not data.problems:
         return ""
-    text = f"{speed:+.1%} vs {s['fastest_baseline']}"
-    parts = [("paired", s)] + ([("vs copus-gbs", s["vs_copus_gbs"])] if s.get("vs_copus_gbs") else [])
-    for label, entry in parts:
-        ci = entry.get("paired_speedup_ci95")
-        if ci is not None:
-            text += f"; {label} {entry['paired_speedup_mean']:+.1%} (95% CI {ci[0]:+.1%} .. {ci[1]:+.1%})"
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in data.problems)
+    return f"<div class='problem'><p>Not shown: these inputs could not be read.</p><ul>{items}</ul></div>"
+
+
+def speedup_cell(s: dict, policy: str = "copus") -> str:
+    """An adaptive policy's speedup over the fastest baseline by mean time, with the paired mean
+    over repeats and its 95% interval when there are repeats (copus also against copus-gbs); and
+    against the best baseline, the paired log-ratio and goodput's two sides of it. Every figure
+    in the words the CLI table prints (`copus.core.comparison`), pairs left out included."""
+    parts = []
+    speed = s.get("speedup_vs_fastest_baseline")
+    if speed is not None:
+        parts.append(f"{speed:+.1%} vs {s['fastest_baseline']}")
+        for label, entry in [("paired", s)] + ([("vs copus-gbs", s["vs_copus_gbs"])] if s.get("vs_copus_gbs") else []):
+            text = paired_speedup_text(entry)
+            if text is not None:
+                parts.append(f"{label} {text}")
     best = s.get("vs_best_baseline") or {}
-    sides = sides_text(best)  # goodput's two sides of it
-    return text if sides is None else f"{text}; vs {best['baseline']}: {sides}"
+    against_best = [log_ratio_text(best, policy)] if best.get("log_ratio_mean") is not None else []
+    against_best += [t for t in [sides_text(best)] if t is not None]
+    if against_best:
+        parts.append(f"vs {best['baseline']}: " + "; ".join(against_best))
+    return "; ".join(parts)
 
 
 def audit_section(data: ReportData) -> str:
@@ -267,7 +284,7 @@ def render(data: ReportData) -> str:
         f"<style>{CSS}</style></head><body><h1>COPUS report: {html.escape(data.title)}</h1>"
         f"<p class='note'>{len(data.runs)} run(s), {target}; generated {time.strftime('%Y-%m-%d %H:%M:%S')}. "
         "Dotted vertical lines: in-place GBS changes; dashed: layout changes with a restart.</p>"
-        f"<h2>Time to target</h2>{results_table(data)}<h2>Curves</h2>{figures}{audit_section(data)}"
+        f"<h2>Time to target</h2>{problems_note(data)}{results_table(data)}<h2>Curves</h2>{figures}{audit_section(data)}"
         f"{tradeoff_section(data)}"
         f"{''.join(calibration_section(cal) for cal in data.calibrations)}{CHECK}"
         "</body></html>"

@@ -7,6 +7,7 @@ import json
 import re
 import time
 
+import pytest
 from mlflow.entities import Metric
 
 from copus.cli import main
@@ -361,3 +362,77 @@ def test_the_speedup_cell_shows_goodputs_two_sides_against_the_best_baseline():
     )
     one_pair = {**entry, "vs_best_baseline": {**entry["vs_best_baseline"], "samples_ratio_ci95": None}}
     assert "statistical side" not in speedup_cell(one_pair)  # no interval, no claim
+
+
+def test_a_summary_or_comparison_that_cannot_be_read_is_named_in_the_report(tmp_path):
+    """A run's summary.json that is not JSON, a run without one, and a comparison.json that is
+    not JSON: the page names each file and what failed, and the table shows no outcome for those
+    runs where it would otherwise read "reached target: no" with 0 reconfigurations."""
+    from dashboards.report import render
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "report-test")
+    parent = tracker.start_run("compare: broken", {}, {"kind": "comparison"})
+    broken = tracker.start_run("broken/copus", {}, {"policy": "copus"}, parent)
+    tracker.client.log_text(broken, '{"reached_target": tr', "summary.json")  # cut short
+    tracker.finish(broken)
+    unfinished = tracker.start_run("broken/static", {}, {"policy": "static"}, parent)
+    tracker.client.log_text(parent, "not json", "comparison.json")
+    tracker.finish(parent)
+
+    from dashboards.data import load
+
+    data = load(parent, uri)
+    page = render(data)
+    assert data.comparison is None and len(data.problems) == 3
+    assert f"comparison.json of run {parent}: could not be read (JSONDecodeError: " in page
+    assert "no paired statistics shown" in page
+    assert "run broken/copus: summary.json of run " in page and "could not be read (JSONDecodeError: " in page
+    assert "run broken/static: no summary.json (MLflow status RUNNING)" in page
+    assert unfinished in {r.run_id for r in data.runs}
+    rows = re.findall(r"<tr><td>(copus|static)</td><td>([^<]*)</td>", page)
+    assert rows == [(policy, "unknown: no readable summary (see above)") for policy in ("copus", "static")]
+
+
+def test_the_speedup_cell_says_which_pairs_were_left_out_in_the_words_of_the_cli_table():
+    """copus missed the target on one seed: no speedup by mean time, but the paired log-ratio
+    against the best baseline stands on the other pairs, and the cell says one was left out, in
+    the same words as the printed table (one function writes both)."""
+    from copus.cluster.compare import comparison_table
+    from copus.core.comparison import summarize
+    from dashboards.report import speedup_cell
+
+    def row(policy, repeat, t):
+        return {
+            "policy": policy,
+            "repeat": repeat,
+            "seed": 100 + repeat,
+            "time_to_target_s": t,
+            "reached_target": t is not None,
+            "wall_clock_s": t or 300.0,
+            "final_val_loss": 2.0,
+            "samples": 500,
+            "reconfigurations": 1,
+            "output_dir": f"runs/s/{policy}/r{repeat}",
+        }
+
+    runs = [row("copus", r, t) for r, t in enumerate([80.0, None, 85.0, 82.0])]
+    runs += [row("static", r, t) for r, t in enumerate([100.0, 110.0, 95.0, 99.0])]
+    policies = summarize(runs, ["copus", "static"])
+    cell = speedup_cell(policies["copus"], "copus")
+    assert policies["copus"]["speedup_vs_fastest_baseline"] is None
+    assert cell.startswith("vs static: ") and "3 pairs, 1 left out: copus missed the target" in cell
+    printed = comparison_table({"policies": policies, "runs": runs})
+    assert cell.removeprefix("vs static: ").split("; statistical side")[0] in printed
+
+
+def test_without_chromium_the_browser_check_skips_saying_so_and_fails_where_ci_is_true(monkeypatch):
+    import tests.browser
+
+    monkeypatch.setattr(tests.browser, "browser", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Chromium here"):
+        tests.browser.require_browser()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no Chromium here"):
+        tests.browser.dump_dom("file:///nothing.html")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,15 +28,53 @@ RECORDS_LOG = "records.jsonl"  # every record rank 0 sent, in order (also the fa
 FAULT_MARKERS = "faults"  # fault-injection markers (copus.train.faults)
 
 
-def read_records_log(out: Location) -> list[dict]:
-    """OUTPUT_DIR/records.jsonl as parsed records, less a line cut short when a driver died mid-write."""
-    records = []
-    for line in read_lines(out / RECORDS_LOG):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+class RecordsLog(list):
+    """The records of OUTPUT_DIR/records.jsonl, in order, with the numbers (from 1) of the lines
+    that were not records (`malformed_lines`): what an audit that reads them rests on less."""
+
+    def __init__(self, records: list[dict], malformed_lines: list[int]):
+        super().__init__(records)
+        self.malformed_lines = malformed_lines
+
+
+def read_records_log(out: Location, warn: Callable[[str], None] | None = None) -> RecordsLog:
+    """OUTPUT_DIR/records.jsonl as parsed records. A last line cut short (no newline: a driver
+    died mid-write) is dropped silently; any other line that is not a record is left out,
+    counted (`RecordsLog.malformed_lines`) and named in a warning to `warn` (default: stderr)."""
+    path = out / RECORDS_LOG
+    lines = list(read_lines(path))
+    records, malformed = [], []
+    for number, line in enumerate(lines, start=1):
+        record = _record(line)
+        if record is not None:
+            records.append(record)
+        elif not (number == len(lines) and not line.endswith("\n")):
+            malformed.append(number)
+    if malformed:
+        (warn or _to_stderr)(malformed_lines_warning(path, malformed, len(lines)))
+    return RecordsLog(records, malformed)
+
+
+def _record(line: str) -> dict | None:
+    """One line of records.jsonl as its record, or None when it is not one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def malformed_lines_warning(path: Location, malformed: list[int], total: int) -> str:
+    """The warning that names the lines of records.jsonl left out (up to five of them)."""
+    shown = ", ".join(str(n) for n in malformed[:5]) + (f" and {len(malformed) - 5} more" if len(malformed) > 5 else "")
+    return (
+        f"warning: {path}: {len(malformed)} of {total} lines are not records and were left out (line {shown}); "
+        "only a last line cut short by a dying driver is expected, so what reads these records rests on fewer"
+    )
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 # Bumped whenever checkpoints written before can no longer be loaded (2: flattened,
