@@ -11,6 +11,8 @@ machine with torch and accelerate:
 Prints one JSON object per check; the last is the resume check,
 `{"check": "resume-bf16", "resumed_steps": [...], "max_rel_loss_diff": X, "samples": N}`
 (`resume-fp32` where there is no GPU, as in smoke mode on a CPU). Figures are measured in this run only.
+Exits 1, saying why, when the resume does not reproduce the uninterrupted run's steps 4-6 (their
+training losses within a relative RESUME_TOLERANCE, its samples the same).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from copus.core.schedule import LRSchedule  # noqa: E402
 from copus.train.local import run_local  # noqa: E402
 from copus.train.plan import StopRule, WorkerPlan  # noqa: E402
 from workloads.datasets import prepare_dataset  # noqa: E402
+
+# How far a resumed step's training loss may lie from the uninterrupted run's, relative: the
+# tolerance of the CPU test of exact resume (tests/train/test_loop.py); on an H200 in bf16 it was 0.
+RESUME_TOLERANCE = 1e-6
 
 
 def _run(plan: WorkerPlan, ckpt: Path, resume: int | None = None) -> tuple[list[dict], dict, float]:
@@ -134,24 +140,53 @@ def _training_checks(base: WorkerPlan, steps: int) -> None:
 def _resume_check(base: WorkerPlan) -> None:
     """Exact resume on the device: 6 steps in one go versus 3 + resume to 6."""
     plan = replace(base, stop=StopRule(max_steps=6), checkpoint_every_steps=3, eval_every_steps=3)
-    ref, _, _ = _run(plan, Path(tempfile.mkdtemp()))
+    ref, ref_final, _ = _run(plan, Path(tempfile.mkdtemp()))
     cut = Path(tempfile.mkdtemp())
     _run(replace(plan, stop=StopRule(max_steps=3)), cut)
     res, final, _ = _run(plan, cut, resume=3)
     ref_loss = {r["step"]: r["train_loss"] for r in ref if r["kind"] == "step"}
     res_loss = {r["step"]: r["train_loss"] for r in res if r["kind"] == "step"}
-    worst = max(abs(res_loss[s] - ref_loss[s]) / abs(ref_loss[s]) for s in res_loss)
+    diffs = relative_loss_diffs(ref_loss, res_loss)
     print(
         json.dumps(
             {
                 "check": f"resume-{_precision(base)}",
                 "resumed_steps": sorted(res_loss),
-                "max_rel_loss_diff": worst,
+                "max_rel_loss_diff": max(diffs.values(), default=None),
                 "samples": final["samples"],
             }
         ),
         flush=True,
     )
+    problem = resume_problem(ref_loss, res_loss, ref_final["samples"], final["samples"])
+    if problem is not None:
+        raise SystemExit(f"bench/gpu_check.py: the resume did not reproduce the run: {problem}")
+
+
+def relative_loss_diffs(ref_loss: dict[int, float], res_loss: dict[int, float]) -> dict[int, float]:
+    """|resumed − uninterrupted| / |uninterrupted| training loss, at each step both ran."""
+    return {s: abs(res_loss[s] - ref_loss[s]) / abs(ref_loss[s]) for s in sorted(res_loss) if s in ref_loss}
+
+
+def resume_problem(
+    ref_loss: dict[int, float], res_loss: dict[int, float], ref_samples: int, res_samples: int
+) -> str | None:
+    """Why a run resumed from its step-3 checkpoint is not the uninterrupted run (training loss
+    by step, and the samples each ended at), or None when it is: steps 4-6 and no others, each
+    loss within RESUME_TOLERANCE of the uninterrupted run's, the same samples."""
+    if sorted(res_loss) != [4, 5, 6] or not {4, 5, 6} <= set(ref_loss):
+        return f"resumed steps {sorted(res_loss)}, uninterrupted {sorted(ref_loss)}: not both steps 4-6"
+    diffs = relative_loss_diffs(ref_loss, res_loss)
+    off = [s for s in sorted(diffs) if not diffs[s] <= RESUME_TOLERANCE]  # NaN included
+    if off:
+        step = off[0]
+        return (
+            f"step {step}'s training loss {res_loss[step]} against {ref_loss[step]} "
+            f"(relative difference {diffs[step]:.3g} > {RESUME_TOLERANCE:g})"
+        )
+    if res_samples != ref_samples:
+        return f"{res_samples} samples at the end, against {ref_samples}"
+    return None
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Headless Chromium for the tests that look at pages as a user would: the HTML report and
-the MLflow UI. Tests skip when no Chromium is installed (`make test` installs one where it
-can)."""
+the MLflow UI. Tests skip, saying so, when no Chromium is installed (`make test` installs one
+where it can); where CI=true they fail instead: there the browser checks must run."""
 
 from __future__ import annotations
 
@@ -30,11 +30,20 @@ def browser() -> str | None:
     return found
 
 
-def dump_dom(url: str, budget_ms: int = 5000, window: str = "1920,1080") -> str:
-    """The page's DOM after `budget_ms` of virtual time (scripts run, fetches answered)."""
+def require_browser() -> str:
+    """The browser a test looks through; without one the test is skipped, or fails where CI=true
+    (a CI run that skipped the browser checks would pass without them)."""
     found = browser()
+    if found is None and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {NO_BROWSER}: the browser checks must run here")
     if found is None:
         pytest.skip(NO_BROWSER)
+    return found
+
+
+def dump_dom(url: str, budget_ms: int = 5000, window: str = "1920,1080") -> str:
+    """The page's DOM after `budget_ms` of virtual time (scripts run, fetches answered)."""
+    found = require_browser()
     return subprocess.run(
         [
             found,
