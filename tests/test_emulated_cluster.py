@@ -21,6 +21,7 @@ import yaml
 
 from copus.cli import main
 from copus.cluster import emulate
+from copus.config import config_from_mapping
 from tests.conftest import experiment_mapping
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,12 +142,35 @@ def test_nodes_own_a_namespace_cores_and_a_capped_link(cluster):
         emulate.up(other)
 
 
+# The controller's scripted decisions (tests/cluster/test_controller.py) with the layouts' roles
+# swapped: the pipeline (pp crosses nodes) is best at small GBS, dp4 (dp crosses) at GBS 32.
+SWITCH = """
+import json, sys
+from copus.cluster.driver import run_experiment
+from copus.cluster.launch import ensure_ray
+from copus.config import config_from_mapping
+from tests.cluster.test_controller import _mapping, _write_scripted_profile
+mapping = _mapping(json.loads(sys.argv[1]))
+mapping["parallel"] = {"dp": 2, "tp": 1, "pp": 2}
+mapping["search"]["layouts"] = [[2, 1, 2], [4, 1, 1]]
+mapping["stop"] = {"max_steps": 40, "max_wall_clock_s": 120}
+cfg = config_from_mapping(mapping)
+ensure_ray(cfg)
+scripted = {(2, 1, 2, 8): 100.0, (2, 1, 2, 16): 150.0, (2, 1, 2, 32): 160.0}
+scripted.update({(4, 1, 1, 8): 50.0, (4, 1, 1, 16): 100.0, (4, 1, 1, 32): 200.0})
+_write_scripted_profile(cfg, scripted)
+print(json.dumps(run_experiment(cfg, echo=lambda line: None, b_noise_script=(20.0, 1000.0))))
+"""
+
+
 @needs_root
-def test_a_run_trains_across_the_link_and_says_what_crosses(cluster):
+def test_an_in_place_layout_change_moves_state_across_nodes(cluster):
     tmp, path, state = cluster
     before = [_qdisc_bytes(n) for n in state["nodes"]]
+    mapping = yaml.safe_load(path.read_text())
+    mapping["output_dir"] = str(tmp / "switch")
     done = subprocess.run(
-        [sys.executable, "-m", "copus.cli", "run", str(path), "--json", "--quiet"],
+        [sys.executable, "-c", SWITCH, json.dumps(mapping)],
         cwd=REPO,
         env=_cli_env(),
         capture_output=True,
@@ -154,45 +178,39 @@ def test_a_run_trains_across_the_link_and_says_what_crosses(cluster):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
-    assert summary["steps"] == 6 and summary["skipped_samples"] == 0
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    first, second = summary["reconfigurations"]
+    assert first["change"] == "gbs" and second["change"] == "layout" and second["in_place"]
+    # pp2 x dp2 -> dp4: the pipeline crossed nodes, data parallelism now does; every rank
+    # receives the stage it lacked, half of them from the other node.
+    assert (second["crossing_from"], second["crossing_to"]) == (["pp"], ["dp"])
+    assert second["reshard"]["bytes_moved"] > 0 and summary["launches"] == 1
+    assert summary["topology"]["initial_crossing"] == ["pp"] and summary["topology"]["crossing"] == ["dp"]
+    assert summary["steps"] > second["step"] and summary["skipped_samples"] == 0
     topo = summary["topology"]
     assert (topo["emulated"], topo["nodes"], topo["ranks_per_node"], topo["link_mbit"]) == (True, 2, 2, LINK_MBIT)
-    assert topo["crossing"] == ["dp"] and topo["mesh_order"] == ["pp", "dp", "tp"]
     # The data-parallel all-reduce went over the capped links: each node sent and received at
-    # least its share of 6 all-reduces of the model's gradient (ring: 2 (n-1)/n of its bytes).
-    from copus.config import load_config
-
-    grad_bytes = load_config(str(path)).flavour().param_count() * 4
+    # least its share of one all-reduce of the model's gradient per dp4 step (ring: 2 (n-1)/n of it).
+    grad_bytes = config_from_mapping(mapping).flavour().param_count() * 4
+    dp_steps = summary["steps"] - second["step"]
     after = [_qdisc_bytes(n) for n in state["nodes"]]
     for (in0, out0), (in1, out1) in zip(before, after):
-        assert in1 - in0 > 6 * grad_bytes and out1 - out0 > 6 * grad_bytes
+        assert in1 - in0 > dp_steps * grad_bytes and out1 - out0 > dp_steps * grad_bytes
 
 
 @needs_root
-def test_ray_job_submit_runs_on_the_emulated_cluster(cluster):
-    _, _, state = cluster
+def test_ray_job_submit_runs_copus_on_the_emulated_cluster(cluster):
+    tmp, path, state = cluster
     env = {**_cli_env(), **state["env"]}
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ray"),
-            "job",
-            "submit",
-            "--address",
-            state["dashboard"],
-            "--",
-            sys.executable,
-            "-c",
-            "import ray; ray.init(); print('nodes with slots:', sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('copus_slot')))",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "nodes with slots: 2" in done.stdout
+    out = tmp / "job-out"
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", state["dashboard"], "--"]
+    cmd += [sys.executable, "-m", "copus.cli", "run", str(path), "--set", "stop.max_steps=2"]
+    cmd += ["--set", f"output_dir={out}", "--set", "eval.every_steps=2"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["stop_reason"] == "max_steps"
+    assert summary["topology"]["emulated"] and summary["topology"]["crossing"] == ["dp"]
 
 
 @needs_root

@@ -36,10 +36,11 @@ SCRIPTED = {
 }
 
 
-def _write_scripted_profile(cfg) -> None:
+def _write_scripted_profile(cfg, scripted: dict[tuple[int, int, int, int], float] = SCRIPTED) -> None:
+    """A profile table of (dp, tp, pp, gbs) -> samples/s at MBS 2, where the run looks for it."""
     key = profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers)
     table = ProfileTable(key)
-    for (dp, tp, pp, gbs), per_s in SCRIPTED.items():
+    for (dp, tp, pp, gbs), per_s in scripted.items():
         table.record(
             CandidateConfig(dp, tp, pp, 2, gbs),
             status="ok",

@@ -196,14 +196,19 @@ def node_popen(i: int, argv: list[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(in_node_command(node_cgroup(i), netns(i), argv), **kwargs)
 
 
-def _ray_start(cgroup: str, namespace: str | None, args: list[str], env: dict, log: Path) -> None:
-    """`ray start ARGS` on a node (or the head: no namespace); its daemons stay there."""
-    cmd = in_node_command(cgroup, namespace, [sys.executable, "-m", "ray.scripts.scripts", "start", *args])
-    cmd.append("--disable-usage-stats")
+def _ray_start(starts: list[tuple[str, str | None, list[str], dict]], log: Path) -> None:
+    """`ray start ARGS` on each (cgroup, namespace or None for the head, args, env), side by
+    side; their daemons stay in the node's namespace and cpuset."""
+    procs = []
     with open(log, "a") as out:
-        done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S)
-    if done.returncode != 0:
-        raise EmulationError(f"`ray start` for {namespace or 'the head'} failed (exit {done.returncode}); see {log}")
+        for cgroup, namespace, args, env in starts:
+            argv = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats"]
+            cmd = in_node_command(cgroup, namespace, argv)
+            procs.append((namespace, subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)))
+        failed = [(ns, p.wait(timeout=START_TIMEOUT_S)) for ns, p in procs]
+    for namespace, code in failed:
+        if code != 0:
+            raise EmulationError(f"`ray start` for {namespace or 'the head'} failed (exit {code}); see {log}")
 
 
 def _free_agent_ports() -> list[str]:
@@ -228,13 +233,15 @@ def _start_ray(spec: EmulatedSpec, head_ip: str, node_ips: list[str], state_dir:
     head = ["--head", f"--node-ip-address={head_ip}", f"--port={spec.port}", "--num-cpus=0"]
     head += [f"--temp-dir={state_dir / 'ray'}", f"--object-store-memory={OBJECT_STORE_BYTES}"]
     head += [f"--dashboard-host={head_ip}", f"--dashboard-port={spec.port + 1}", *_free_agent_ports()]
-    _ray_start(HEAD_CGROUP, None, head, _ray_env(state_dir, BRIDGE), log)
+    _ray_start([(HEAD_CGROUP, None, head, _ray_env(state_dir, BRIDGE))], log)
+    starts = []
     for i, ip in enumerate(node_ips, start=1):
         _make_cpuset(node_cgroup(i), node_cores(i, spec.cores_per_node, machine))
         node = [f"--address={head_ip}:{spec.port}", f"--node-ip-address={ip}", f"--num-cpus={spec.cpus_per_node}"]
         node += [f"--resources={json.dumps({SLOT: spec.workers_per_node})}"]
         node += [f"--object-store-memory={OBJECT_STORE_BYTES}"]
-        _ray_start(node_cgroup(i), netns(i), node, _ray_env(state_dir, NODE_IFNAME), log)
+        starts.append((node_cgroup(i), netns(i), node, _ray_env(state_dir, NODE_IFNAME)))
+    _ray_start(starts, log)
 
 
 def state_path(state_dir: Path | str) -> Path:
@@ -391,7 +398,7 @@ def _our_pids() -> set[int]:
     return pids
 
 
-def _kill_all(pids_of: Callable[[], set[int]], grace_s: float = 10.0) -> int:
+def _kill_all(pids_of: Callable[[], set[int]], grace_s: float = 3.0) -> int:
     """SIGTERM every process `pids_of` names, then SIGKILL what is left after `grace_s`."""
     first = pids_of()
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
