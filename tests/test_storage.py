@@ -94,6 +94,14 @@ def test_the_records_log_appends_across_drivers_and_reaches_the_bucket_on_flush_
     again.write("3\n")
     again.close()
     assert list(read_lines(root / "records.jsonl")) == ["1\n", "2\n", "3\n"]
+    # A driver that died mid-line: the next driver's first record starts a line of its own.
+    cut = AppendLog(root / "records.jsonl")
+    cut.write('{"kind": "st')
+    cut.close()
+    after = AppendLog(root / "records.jsonl")
+    after.write("4\n")
+    after.close()
+    assert list(read_lines(root / "records.jsonl"))[-2:] == ['{"kind": "st\n', "4\n"]
 
 
 def test_directories_go_to_and_come_from_a_location_whole(root, tmp_path):

@@ -284,10 +284,23 @@ COMMANDS = {
 
 def _json_stdout(args: argparse.Namespace, always: bool = False) -> contextlib.AbstractContextManager:
     """While a command whose stdout is one JSON document works, anything else printed to stdout
-    goes to stderr (Ray prints a dead worker's notice on the driver's stdout)."""
-    return (
-        contextlib.redirect_stdout(sys.stderr) if always or getattr(args, "json", False) else contextlib.nullcontext()
-    )
+    goes to stderr: Python's prints, and what Ray's C++ core writes to file descriptor 1 itself
+    (a dead worker's notice on the driver), which redirecting sys.stdout alone does not catch."""
+    return _stdout_to_stderr() if always or getattr(args, "json", False) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _echo(args: argparse.Namespace):

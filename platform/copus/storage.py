@@ -348,6 +348,11 @@ class AppendLog:
             self._staging = Path(tempfile.mkdtemp(prefix="copus-log-")) / where.name
             self._staging.write_bytes(where.read_bytes() if where.is_file() else b"")
             self._fh = open(self._staging, "a")
+        # A driver that died mid-write left its last line cut short: what is appended now starts
+        # on a line of its own, so the cut line stays one bad line (counted by the reader) and
+        # does not swallow the next record.
+        if self._fh.tell() > 0 and not _ends_with_newline(where.path if where.is_local else self._staging):
+            self._fh.write("\n")
         self._uploaded = time.monotonic()
 
     def write(self, text: str) -> None:
@@ -366,6 +371,12 @@ class AppendLog:
         self._fh.close()
         if self._staging is not None:
             shutil.rmtree(self._staging.parent, ignore_errors=True)
+
+
+def _ends_with_newline(path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 @contextlib.contextmanager

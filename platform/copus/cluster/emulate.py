@@ -197,18 +197,30 @@ def node_popen(i: int, argv: list[str], **kwargs) -> subprocess.Popen:
 
 
 def _ray_start(starts: list[tuple[str, str | None, list[str], dict]], log: Path) -> None:
-    """`ray start ARGS` on each (cgroup, namespace or None for the head, args, env), side by
-    side; their daemons stay in the node's namespace and cpuset."""
-    procs = []
-    with open(log, "a") as out:
-        for cgroup, namespace, args, env in starts:
-            argv = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats"]
-            cmd = in_node_command(cgroup, namespace, argv)
-            procs.append((namespace, subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)))
-        failed = [(ns, p.wait(timeout=START_TIMEOUT_S)) for ns, p in procs]
-    for namespace, code in failed:
+    """`ray start ARGS` on each (cgroup, namespace or None for the head, args, env), one after
+    the other: nodes share the head's session directory, and Ray picks its socket names there
+    by trying (two at once can take the same). Their daemons stay in the node's namespace and
+    cpuset."""
+    for cgroup, namespace, args, env in starts:
+        argv = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats"]
+        with open(log, "a") as out:
+            try:
+                code = subprocess.run(
+                    in_node_command(cgroup, namespace, argv),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=START_TIMEOUT_S,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                raise EmulationError(
+                    f"`ray start` for {namespace or 'the head'} took over {START_TIMEOUT_S:.0f} s"
+                ) from None
         if code != 0:
-            raise EmulationError(f"`ray start` for {namespace or 'the head'} failed (exit {code}); see {log}")
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            raise EmulationError(
+                f"`ray start` for {namespace or 'the head'} failed (exit {code}): {lines[-1] if lines else '?'}"
+            )
 
 
 def _free_agent_ports() -> list[str]:
@@ -237,11 +249,68 @@ def _start_ray(spec: EmulatedSpec, head_ip: str, node_ips: list[str], state_dir:
     starts = []
     for i, ip in enumerate(node_ips, start=1):
         _make_cpuset(node_cgroup(i), node_cores(i, spec.cores_per_node, machine))
-        node = [f"--address={head_ip}:{spec.port}", f"--node-ip-address={ip}", f"--num-cpus={spec.cpus_per_node}"]
-        node += [f"--resources={json.dumps({SLOT: spec.workers_per_node})}"]
-        node += [f"--object-store-memory={OBJECT_STORE_BYTES}"]
-        starts.append((node_cgroup(i), netns(i), node, _ray_env(state_dir, NODE_IFNAME)))
+        starts.append(_node_start(spec, i, ip, head_ip, state_dir))
     _ray_start(starts, log)
+
+
+def _node_start(spec: EmulatedSpec, i: int, ip: str, head_ip: str, state_dir: Path) -> tuple:
+    """What `ray start` needs for node i: its cpuset, namespace, arguments and environment."""
+    node = [f"--address={head_ip}:{spec.port}", f"--node-ip-address={ip}", f"--num-cpus={spec.cpus_per_node}"]
+    node += [f"--resources={json.dumps({SLOT: spec.workers_per_node})}"]
+    node += [f"--object-store-memory={OBJECT_STORE_BYTES}"]
+    return node_cgroup(i), netns(i), node, _ray_env(state_dir, NODE_IFNAME)
+
+
+def kill_node(state_dir: Path | str, i: int) -> int:
+    """Lose node i as a machine is lost: SIGKILL every process of its namespace (its Ray node,
+    its training ranks). Its namespace, link and cpuset stay, for `restart_node`."""
+    return _kill_all(lambda: set(_namespace_pids(netns(i))), grace_s=0.0)
+
+
+def restart_node(state_dir: Path | str, i: int) -> None:
+    """Bring node i back as a fresh Ray node (the way a replaced machine rejoins), with the
+    address, slots and cores it had."""
+    state = read_state(state_dir)
+    if state is None:
+        raise EmulationError(f"no emulated cluster is up (state in {state_dir})")
+    spec = EmulatedSpec(**state["spec"])
+    _kill_all(lambda: set(_namespace_pids(netns(i))), grace_s=0.0)  # a raylet that outlived its death
+    ip = state["nodes"][i - 1]["ip"]
+    _ray_start([_node_start(spec, i, ip, state["head_ip"], Path(state_dir))], Path(state_dir) / "ray-start.log")
+
+
+def _raylet_alive(namespace: str) -> bool:
+    for pid in _namespace_pids(namespace):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                return True
+    return False
+
+
+def supervise(state_dir: Path | str, poll_s: float = 1.0) -> None:
+    """Restart every node whose Ray node has died, as a cluster manager replaces a failed
+    machine: one killed, or one the head declared dead while its link was cut (its raylet exits
+    when it hears so). Started by `up` in the head's cpuset; ends with the state file."""
+    while True:
+        state = read_state(state_dir)
+        if state is None:
+            return
+        for i, node in enumerate(state["nodes"], start=1):
+            if not _raylet_alive(node["name"]):
+                try:
+                    restart_node(state_dir, i)
+                    print(f"{time.strftime('%H:%M:%S')} restarted {node['name']}", flush=True)
+                except EmulationError as err:  # its link may still be down: try again next round
+                    print(f"{time.strftime('%H:%M:%S')} {node['name']}: {err}", flush=True)
+        time.sleep(poll_s)
+
+
+def _start_supervisor(state_dir: Path) -> None:
+    argv = [sys.executable, "-m", "copus.cluster.emulate", "supervise", str(state_dir)]
+    with open(state_dir / "supervisor.log", "a") as out:
+        subprocess.Popen(
+            in_node_command(HEAD_CGROUP, None, argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def state_path(state_dir: Path | str) -> Path:
@@ -333,6 +402,7 @@ def _bring_up(spec: EmulatedSpec, state_dir: Path, echo: Callable[[str], None]) 
         "started_at": time.time(),
     }
     _write_state(state_dir, state)
+    _start_supervisor(state_dir)
     echo(f"emulated cluster up in {time.monotonic() - started:.0f} s: {spec.describe()}, head {address}")
     return state
 
@@ -399,9 +469,11 @@ def _our_pids() -> set[int]:
 
 
 def _kill_all(pids_of: Callable[[], set[int]], grace_s: float = 3.0) -> int:
-    """SIGTERM every process `pids_of` names, then SIGKILL what is left after `grace_s`."""
+    """SIGTERM every process `pids_of` names, then SIGKILL what is left after `grace_s` (at
+    once, with no SIGTERM, when it is 0: a machine lost, not stopped)."""
     first = pids_of()
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    stages = ([(signal.SIGTERM, grace_s)] if grace_s > 0 else []) + [(signal.SIGKILL, 5.0)]
+    for sig, wait in stages:
         for pid in pids_of():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -437,7 +509,9 @@ def down(state_dir: Path | str, echo: Callable[[str], None] = print) -> dict:
     removed.update(namespaces=len(namespaces), links=len(links), cpusets=len(cgroups))
     state_dir = Path(state_dir)
     if state_dir.exists():
-        shutil.rmtree(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)  # a file another `down` removed first is fine
+        if state_dir.exists():
+            raise EmulationError(f"could not remove the emulated cluster's state directory {state_dir}")
         removed["state_dir"] = str(state_dir)
     if any(removed[k] for k in ("processes", "namespaces", "links", "cpusets")):
         echo(
@@ -462,3 +536,10 @@ def emulated_cluster(spec: EmulatedSpec, echo: Callable[[str], None] = print) ->
         yield state
     finally:
         down(spec.state_dir, echo)
+
+
+if __name__ == "__main__":  # `python -m copus.cluster.emulate supervise STATE_DIR` (started by `up`)
+    if sys.argv[1:2] == ["supervise"] and len(sys.argv) == 3:
+        supervise(sys.argv[2])
+    else:
+        sys.exit("usage: python -m copus.cluster.emulate supervise STATE_DIR")

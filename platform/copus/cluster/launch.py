@@ -37,10 +37,15 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
         return
     c = cfg.cluster
     address = os.environ.get("RAY_ADDRESS") or c.address
+    join: dict = {}
     if not address and c.emulate is not None:
-        address = _emulated_address(cfg)
+        address, head_ip = _emulated_address(cfg)
+        # The driver attaches to the head's Ray node (where Ray Train puts its controller), not
+        # to whichever node Ray would guess from this machine's outward address: a lost worker
+        # node must not take the driver with it.
+        join["_node_ip_address"] = head_ip
     if address:
-        ray.init(address=address, log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1")
+        ray.init(address=address, log_to_driver=os.environ.get("COPUS_WORKER_LOGS") == "1", **join)
         return
     # A local cluster on a small machine: advertise enough CPUs for every worker, since
     # tests and the quickstart deliberately run several gloo workers on 2 cores.
@@ -56,9 +61,9 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     )
 
 
-def _emulated_address(cfg: ExperimentConfig) -> str:
-    """The address of the emulated cluster cfg describes, with its token in this process's
-    environment; refuses when none of that description is up."""
+def _emulated_address(cfg: ExperimentConfig) -> tuple[str, str]:
+    """The address and head address of the emulated cluster cfg describes, with its token in
+    this process's environment; refuses when none of that description is up."""
     from ray._raylet import Config
 
     spec = emulate.EmulatedSpec.from_cluster_config(cfg.cluster)
@@ -72,7 +77,7 @@ def _emulated_address(cfg: ExperimentConfig) -> str:
     # Ray caches its authentication mode when imported; refresh it the way Ray's own
     # _enable_token_auth does, so this process presents the cluster's token.
     Config.initialize("")
-    return state["address"]
+    return state["address"], state["head_ip"]
 
 
 def run_topology(cfg: ExperimentConfig) -> dict:
