@@ -174,14 +174,14 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        with _json_stdout(args):
+        with _json_stdout(args) as print_json:
             summary = run_experiment(cfg, fresh=args.fresh, echo=_echo(args))
+            if args.json:  # stdout is the JSON alone
+                print_json(summary, indent=2)
+                return 0
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    if args.json:  # stdout is the JSON alone
-        print(json.dumps(summary, indent=2))
-        return 0
     if args.quiet:
         print(summary_text(summary))
     print(f"summary: {summary['output_dir'].partition('?')[0]}/summary.json")
@@ -218,12 +218,11 @@ def _cmd_gns(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        with _json_stdout(args, always=True):
-            result = measure_experiment_gns(cfg, args.steps)
+        with _json_stdout(args, always=True) as print_json:
+            print_json(measure_experiment_gns(cfg, args.steps))
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
     return 0
 
 
@@ -233,13 +232,13 @@ def _cmd_profile(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        with _json_stdout(args):
+        with _json_stdout(args) as print_json:
             result = run_profile(cfg, refresh=args.refresh, echo=_echo(args))
+            if args.json:
+                print_json(result)
     except (ConfigError, DatasetError, ProfileTableError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result))
     return 0
 
 
@@ -283,23 +282,46 @@ COMMANDS = {
 
 
 def _json_stdout(args: argparse.Namespace, always: bool = False) -> contextlib.AbstractContextManager:
-    """While a command whose stdout is one JSON document works, anything else printed to stdout
-    goes to stderr: Python's prints, and what Ray's C++ core writes to file descriptor 1 itself
-    (a dead worker's notice on the driver), which redirecting sys.stdout alone does not catch."""
-    return _stdout_to_stderr() if always or getattr(args, "json", False) else contextlib.nullcontext()
+    """For a command whose stdout is one JSON document (with --json, or `always`): a context that
+    yields the function printing that document; anything else printed meanwhile goes to stderr."""
+    if always or getattr(args, "json", False):
+        return _stdout_to_stderr(keep=getattr(args, "process_entry", False))
+    return contextlib.nullcontext(_print_json)
+
+
+def _print_json(doc, indent: int | None = None, file=None) -> None:
+    print(json.dumps(doc, indent=indent), file=file or sys.stdout, flush=True)
+
+
+def _stdout_descriptor_is_1() -> bool:
+    try:
+        return sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is a ValueError and an OSError
+        return False
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr():
-    sys.stdout.flush()
+def _stdout_to_stderr(keep: bool):
+    """File descriptor 1 points at stderr, which catches what redirecting sys.stdout alone does not:
+    Ray's C++ core writing to it, and Ray's log thread relaying a raylet's lines (a state dump) to
+    the driver, which can come after the command is done. So a `copus` process (`keep`) leaves it
+    there until it exits; the document goes to the real stdout through a descriptor of its own.
+    Called in a process whose sys.stdout is not descriptor 1 (a test capturing it), the document
+    goes to that sys.stdout."""
+    real = sys.stdout
+    real.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
+    document_out = os.fdopen(os.dup(saved), "w") if _stdout_descriptor_is_1() else real
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            yield
+            yield lambda doc, indent=None: _print_json(doc, indent, document_out)
     finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
+        sys.stderr.flush()
+        if document_out is not real:
+            document_out.close()
+        if not keep:
+            os.dup2(saved, 1)
         os.close(saved)
 
 
@@ -323,14 +345,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from workloads.corpus import DatasetError
 
     try:
-        with _json_stdout(args):
+        with _json_stdout(args) as print_json:
             result = run_comparison(suite, experiment, args.overrides, _echo(args))
+            if args.json:
+                print_json(result, indent=2)
+                return 0
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
     if args.quiet:
         print(comparison_table(result))
     _print_ui_hint(result["mlflow_tracking_uri"], result["mlflow_experiment_id"], result["mlflow_view_key"])
@@ -376,12 +398,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         cfg = calibrate_config(args)
         from copus.cluster.calibrate import calibration_table, run_calibration  # imports ray
 
-        with _json_stdout(args):
+        with _json_stdout(args) as print_json:
             result = run_calibration(cfg, _echo(args), args.reuse_points)
+            if args.json:
+                print_json(result, indent=2)
+                return 0
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2) if args.json else calibration_table(result))
+    print(calibration_table(result))
     return 0
 
 
@@ -462,6 +487,9 @@ def _where_interrupted(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Called as the `copus` command (not from Python with arguments): a --json command's stdout
+    # stays on stderr until the process exits, so late output cannot follow its document.
+    args.process_entry = argv is None
     from copus.cluster.emulate import EmulationError  # no ray: plain processes and `ip`
 
     try:

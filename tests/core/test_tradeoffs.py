@@ -52,6 +52,28 @@ def test_the_layout_need_not_move_when_a_lead_is_under_the_bar():
     b = layout_boundary(table)
     assert not b["must_move"] and b["lead_at_large"] == pytest.approx(0.10)
     assert layout_boundary(table, min_lead=0.1)["must_move"]
+    # Where the large-GBS layout wins by most counts, not only the largest GBS, where compute can
+    # drown both layouts' communication (the emulated cluster's seq-128 profile looked so).
+    table = {
+        4: {"dp4-tp1-pp1": 10.0, "dp2-tp1-pp2": 16.6},
+        64: {"dp4-tp1-pp1": 77.2, "dp2-tp1-pp2": 66.0},
+        256: {"dp4-tp1-pp1": 89.6, "dp2-tp1-pp2": 88.5},
+    }
+    b = layout_boundary(table)
+    assert b["must_move"] and (b["fastest_at_small"], b["fastest_at_large"]) == ("dp2-tp1-pp2", "dp4-tp1-pp1")
+    assert (b["large_gbs"], b["largest_gbs"]) == (64, 256)
+    assert b["lead_at_large"] == pytest.approx(77.2 / 66.0 - 1) and b["lead_at_largest"] == pytest.approx(
+        89.6 / 88.5 - 1
+    )
+    line = tradeoff_lines({"layout_boundary": b})[0]
+    assert "+17% at GBS 64 (+1% at GBS 256): the layout must move" in line
+    # The same layout fastest at both ends: no boundary, whatever happens between them.
+    table[256] = {"dp4-tp1-pp1": 80.0, "dp2-tp1-pp2": 88.5}
+    b = layout_boundary(table)
+    assert not b["must_move"] and b["large_gbs"] == 256
+    assert (
+        "none, dp2-tp1-pp2 is the fastest layout at GBS 4 and at GBS 256" in tradeoff_lines({"layout_boundary": b})[0]
+    )
     # The best MBS of each layout stands for it; the fastest is marked, per GBS.
     t = tradeoffs(
         {

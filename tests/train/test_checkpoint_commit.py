@@ -70,11 +70,17 @@ def test_a_damaged_checkpoint_is_refused_and_the_previous_one_resumes_exactly(
         assert got[step] == pytest.approx(reference[step], rel=1e-6)
 
 
-def test_resume_candidates_are_the_latest_then_older_ones(tmp_path):
+def test_resume_candidates_are_every_stored_checkpoint_newest_first(tmp_path):
     names = ["checkpoint_2026-11-30_10-00-00.1", "checkpoint_2026-11-30_10-05-00.1", "checkpoint_2026-11-30_10-10-00.1"]
     for n in names:
         (tmp_path / n).mkdir()
-    latest = tmp_path / names[1]  # what Ray handed over (a newer one may be from a failed attempt)
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray's own file, not a checkpoint
     root = Location.parse(tmp_path)
-    assert resume_candidates(root / names[1], root) == [latest, tmp_path / names[0]]
-    assert resume_candidates(None, root) == []
+    newest_first = [tmp_path / n for n in reversed(names)]
+    # Ray handed over the middle one: the newest, written when a node was lost before Ray's
+    # controller collected every rank's report, is tried first (newest_complete refuses it if torn).
+    assert resume_candidates(root / names[1], root) == newest_first
+    # Ray knows of none yet (a fault within its poll interval after the first save).
+    assert resume_candidates(None, root) == newest_first
+    assert resume_candidates(None, Location.parse(tmp_path / "missing")) == []
+    assert resume_candidates(None, None) == []

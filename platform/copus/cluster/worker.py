@@ -71,11 +71,11 @@ def train_worker(loop_config: dict) -> dict:
 
 
 def _resume_candidates(root: Location | None) -> list[Location]:
-    """The checkpoint Ray Train hands over, then the older ones in the run's storage (`root`): a
-    torn or corrupt latest checkpoint is refused and an older complete one used."""
+    """The checkpoints in the run's storage (`root`) and the one Ray Train hands over, newest
+    first: a torn or corrupt one is refused and an older complete one used."""
     latest = ray.train.get_checkpoint()
     if latest is None:
-        return []
+        return resume_candidates(None, root)
     if root is None:
         return [Location(latest.filesystem, latest.path)]
     return resume_candidates(Location(latest.filesystem, latest.path, root.scheme, root.query), root)

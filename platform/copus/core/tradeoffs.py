@@ -57,26 +57,36 @@ def layout_margins(table: dict[int, dict[str, float]]) -> list[dict]:
 
 
 def layout_boundary(table: dict[int, dict[str, float]], min_lead: float = 0.15) -> dict:
-    """Whether the layout must move with the GBS: the fastest layout at the smallest GBS differs
-    from the fastest at the largest, and each leads the other's best there by `min_lead` or more
-    (the other layout's best at that GBS, over its MBS)."""
+    """Whether the layout must move with the GBS: the fastest layout at the smallest GBS (A)
+    differs from the fastest at the largest (B), and each leads the other by `min_lead` or more
+    where it wins: A at the smallest GBS, B at the GBS where it is fastest with its largest lead
+    over A (`large_gbs`; B may lead by less at the largest, where compute can drown both
+    layouts' communication). A layout's throughput at a GBS is its best over its MBS."""
     margins = layout_margins(table)
     if len(margins) < 2:
         return {"must_move": False, "why": "fewer than two GBS measured"}
-    small, large = margins[0], margins[-1]
-    a, b = small["fastest_layout"], large["fastest_layout"]
-    lead_small = table[small["gbs"]][a] / table[small["gbs"]][b] - 1.0 if b in table[small["gbs"]] else None
-    lead_large = table[large["gbs"]][b] / table[large["gbs"]][a] - 1.0 if a in table[large["gbs"]] else None
+    a, b = margins[0]["fastest_layout"], margins[-1]["fastest_layout"]
+    small = margins[0]["gbs"]
+
+    def lead(winner: str, other: str, gbs: int) -> float | None:
+        row = table[gbs]
+        return row[winner] / row[other] - 1.0 if other in row else None
+
+    lead_small = lead(a, b, small)
+    b_wins = [(lead(b, a, m["gbs"]), m["gbs"]) for m in margins[1:] if m["fastest_layout"] == b != a]
+    measured = [(x, gbs) for x, gbs in b_wins if x is not None]
+    lead_large, large = max(measured) if measured else (None, margins[-1]["gbs"])
     leads = (lead_small, lead_large)
-    must = a != b and all(x is not None and x >= min_lead for x in leads)
     return {
-        "must_move": must,
-        "small_gbs": small["gbs"],
-        "large_gbs": large["gbs"],
+        "must_move": a != b and all(x is not None and x >= min_lead for x in leads),
+        "small_gbs": small,
+        "large_gbs": large,
+        "largest_gbs": margins[-1]["gbs"],
         "fastest_at_small": a,
         "fastest_at_large": b,
         "lead_at_small": lead_small,
         "lead_at_large": lead_large,
+        "lead_at_largest": lead(b, a, margins[-1]["gbs"]),
         "min_lead": min_lead,
     }
 
@@ -132,7 +142,7 @@ def tradeoff_lines(t: dict) -> list[str]:
         lines.append(
             f"layout boundary: {boundary['fastest_at_small']} leads {boundary['fastest_at_large']} by {lead[0]} at GBS "
             f"{boundary['small_gbs']}; {boundary['fastest_at_large']} leads {boundary['fastest_at_small']} by "
-            f"{lead[1]} at GBS {boundary['large_gbs']}: the layout "
+            f"{lead[1]} at GBS {boundary['large_gbs']}{_at_the_largest(boundary)}: the layout "
             + (
                 "must move"
                 if boundary["must_move"]
@@ -145,6 +155,14 @@ def tradeoff_lines(t: dict) -> list[str]:
             f"x{t['b_crit_growth']:.1f}"
         )
     return lines
+
+
+def _at_the_largest(boundary: dict) -> str:
+    """The lead at the largest GBS, where it is not the one the boundary was read at."""
+    largest, x = boundary.get("largest_gbs"), boundary.get("lead_at_largest")
+    if largest is None or largest == boundary["large_gbs"] or x is None:
+        return ""
+    return f" ({x:+.0%} at GBS {largest})"
 
 
 def layout_table_lines(t: dict, crossing: dict[str, list[str] | None] | None = None) -> list[str]:

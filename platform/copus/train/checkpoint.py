@@ -213,9 +213,14 @@ def checkpoint_dirs(root: Location) -> list[Location]:
 
 
 def resume_candidates(latest: Location | None, root: Location | None) -> list[Location]:
-    """Where to look for a checkpoint to resume from, newest first: the one Ray Train hands
-    over, then the older ones it kept in the run's storage."""
-    if latest is None:
-        return []
-    older = [c for c in checkpoint_dirs(root) if c.name < latest.name] if root is not None else []
-    return [latest] + older
+    """Where to look for a checkpoint to resume from, newest first: every checkpoint in the run's
+    storage (`root`), with the one Ray Train hands over (`latest`) among them. A newer one than
+    Ray's counts: Ray Train registers a checkpoint only once its controller has collected every
+    rank's report (it polls every 2 s), so a node lost or a link cut just after a save leaves
+    that checkpoint written but unknown to Ray, and a restart would redo its steps. Only a
+    complete one is taken (`newest_complete`), and --fresh empties the storage, so all in it are
+    this run's."""
+    stored = checkpoint_dirs(root) if root is not None else []
+    if latest is not None and latest.name not in {c.name for c in stored}:
+        stored.append(latest)
+    return sorted(stored, key=lambda c: c.name, reverse=True)

@@ -412,6 +412,7 @@ def train_one_step(launch: Launch) -> None:
     inputs, targets = launch.stream.windows.batch(batch.sample_indices)
     faults = launch.hooks.faults
     faults.maybe_kill(s.step + 1, launch.rank)
+    faults.maybe_hold(s.step + 1, launch.rank)
     poison = s.step + 1 in faults.poison_steps
     result = train_step(model, launch.optimizer, inputs, targets, mbs, lr, plan.optimizer.grad_clip, poison=poison)
     if result.skipped:
