@@ -67,14 +67,27 @@ class RunSeries:
 
 def changes(run: RunSeries) -> list[Reconfiguration]:
     """The run's reconfigurations as its summary.json lists them; an entry that is no
-    reconfiguration (a summary written by hand, or cut short) is left out."""
-    out = []
-    for entry in run.summary.get("reconfigurations") or []:
-        try:
-            out.append(Reconfiguration.from_dict(entry))
-        except (KeyError, TypeError, AttributeError):
-            continue
-    return out
+    reconfiguration (a summary written by hand, or cut short) is left out, and named among the
+    report's problems (`unreadable_changes`)."""
+    return [c for c in map(_reconfiguration, run.summary.get("reconfigurations") or []) if c is not None]
+
+
+def _reconfiguration(entry) -> Reconfiguration | None:
+    try:
+        return Reconfiguration.from_dict(entry)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+
+
+def unreadable_changes(run: RunSeries) -> str | None:
+    """What the report says of the run's reconfiguration entries it cannot read, if any."""
+    entries = run.summary.get("reconfigurations") or []
+    if not isinstance(entries, list):
+        return f"{run.name}: summary.json's reconfigurations is not a list: none shown"
+    bad = sum(_reconfiguration(e) is None for e in entries)
+    if not bad:
+        return None
+    return f"{run.name}: {bad} of {len(entries)} reconfigurations in summary.json could not be read: left out"
 
 
 def audited_changes(run: RunSeries) -> list[Reconfiguration]:
@@ -149,29 +162,33 @@ def _profile_files(directory: Location, prefix: str) -> list[Location]:
     return [f for f in (directory / "profiles").iterdir() if f.name.startswith(prefix) and f.name.endswith(".json")]
 
 
-def calibrations_in(directory: Location) -> list[dict]:
+def calibrations_in(directory: Location, problems: list[str]) -> list[dict]:
     """The calibrations in an output directory's profiles/ folder (none: an empty list). A file
-    there that is not a calibration is passed over: it does not stop the run's report."""
+    there that is not a calibration does not stop the run's report: it is named in `problems`."""
     found = []
     for path in _profile_files(directory, "calibration-"):
         try:
             found.append(load_calibration(path))
-        except ReportError:
-            continue
+        except ReportError as err:
+            problems.append(f"{err}: not shown")
     return found
 
 
-def profiles_in(directory: Location) -> list[dict]:
+def profiles_in(directory: Location, problems: list[str]) -> list[dict]:
     """The profile tables (`copus profile`) in an output directory's profiles/ folder; a file
-    there that is not one is passed over."""
+    there that is not one is named in `problems`."""
     found = []
     for path in _profile_files(directory, "profile-"):
         try:
             table = path.read_json()
-        except (OSError, ValueError):
+        except (OSError, ValueError) as err:
+            problems.append(f"{path}: not a readable profile table ({_failure(err)}): not shown")
             continue
-        if table_problem(table) is None:
+        problem = table_problem(table)
+        if problem is None:
             found.append(table)
+        else:
+            problems.append(f"{path}: {problem}: not shown")
     return found
 
 
@@ -276,7 +293,8 @@ def _runs_of(
 
 
 def _summary_problems(runs: list[RunSeries]) -> list[str]:
-    return [r.summary_problem for r in runs if r.summary_problem]
+    said = [r.summary_problem for r in runs] + [unreadable_changes(r) for r in runs]
+    return [problem for problem in said if problem]
 
 
 def load(source: str, tracking_uri: str | None) -> ReportData:
@@ -295,12 +313,6 @@ def load(source: str, tracking_uri: str | None) -> ReportData:
     target = (comparison or {}).get("target_val_loss")
     if target is None:
         target = next((r.summary.get("target_val_loss") for r in runs if r.summary.get("target_val_loss")), None)
-    return ReportData(
-        title,
-        runs,
-        comparison,
-        target,
-        calibrations_in(path) if on_disk else [],
-        profiles_in(path) if on_disk else [],
-        problems,
-    )
+    calibrations = calibrations_in(path, problems) if on_disk else []
+    profiles = profiles_in(path, problems) if on_disk else []
+    return ReportData(title, runs, comparison, target, calibrations, profiles, problems)

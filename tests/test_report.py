@@ -11,6 +11,7 @@ import pytest
 from mlflow.entities import Metric
 
 from copus.cli import main
+from copus.storage import Location
 from copus.tracking import Tracker
 from tests.browser import dump_dom
 
@@ -436,3 +437,26 @@ def test_without_chromium_the_browser_check_skips_saying_so_and_fails_where_ci_i
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true and no Chromium here"):
         tests.browser.dump_dom("file:///nothing.html")
+
+
+def test_profile_files_and_reconfigurations_that_cannot_be_read_are_named_not_passed_over(tmp_path):
+    """A calibration and a profile table in the output directory's profiles/ that are not what
+    their names say, and a summary.json whose reconfigurations hold an entry that is none: each
+    is named among the report's problems (shown above its table), not silently left out."""
+    from dashboards.data import RunSeries, _summary_problems, calibrations_in, changes, profiles_in
+
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "calibration-x.json").write_text('{"points": [')
+    (tmp_path / "profiles" / "profile-y.json").write_text('{"rows": 3}')
+    problems: list[str] = []
+    root = Location.parse(tmp_path)
+    assert calibrations_in(root, problems) == [] and profiles_in(root, problems) == []
+    assert [p.split("/")[-1] for p in problems] == [
+        "calibration-x.json: not a readable calibration file (JSONDecodeError): not shown",
+        "profile-y.json: no rows: not shown",
+    ]
+    run = RunSeries("cmp/copus", "copus", "0" * 32, summary={"reconfigurations": [{"step": 3}, "torn"]})
+    assert changes(run) == []
+    assert _summary_problems([run]) == [
+        "cmp/copus: 2 of 2 reconfigurations in summary.json could not be read: left out"
+    ]
