@@ -295,13 +295,17 @@ def test_a_lost_node_and_a_cut_link_lose_no_sample(cluster):
     assert summary["reached_target"] and summary["stop_reason"] == "target_val_loss"
     assert summary["topology"]["emulated"] and summary["topology"]["crossing"] == ["dp"]
     _each_sample_once(_steps(Location.parse(str(out_dir / "records.jsonl"))), mapping, summary)
-    # Each fault resumes from the checkpoint before it: the lost node's from step 10 (2 steps
-    # redone); the cut link's from step 30, when the head declared node 2 dead during the cut
-    # (its raylet exits when the link comes back; the supervisor restarts it). A cut the nodes
+    # The lost node's restart resumes from the checkpoint of step 10 (2 steps redone). The cut
+    # link's comes when the head has declared node 2 dead: during the cut (resumed at step 30),
+    # or, on a loaded machine, only once the link is back and node 2's raylet hears it is dead
+    # and exits, training having gone on meanwhile (resumed at 40 or 50 in CI); the supervisor
+    # restarts it. Either way from the newest checkpoint before the failure: fewer than 20 steps
+    # redone (10 at most unless the failure tore the save it came during). A cut the nodes
     # outlive (TCP retransmits once the link is back) costs no restart and is fine too.
     failures = summary["worker_failures"]
-    assert [f["resumed_at_step"] for f in failures] in ([10], [10, 30])
-    assert failures[0]["steps_lost"] == 2
+    assert 1 <= len(failures) <= 2 and failures[0]["resumed_at_step"] == 10 and failures[0]["steps_lost"] == 2
+    for cut in failures[1:]:
+        assert cut["resumed_at_step"] >= 30 and cut["resumed_at_step"] % 10 == 0 and cut["steps_lost"] < 20
 
 
 @needs_root
