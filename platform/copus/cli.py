@@ -170,6 +170,7 @@ def _cmd_validate_suite(args: argparse.Namespace) -> int:
 
 def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     from copus.cluster.driver import run_experiment  # imports ray: only for commands that need it
+    from copus.cluster.launch import MonitorLost
     from copus.cluster.progress import summary_text
     from workloads.corpus import DatasetError
 
@@ -182,6 +183,9 @@ def _cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
+    except MonitorLost as err:  # the run's state and checkpoints stay: the same command resumes it
+        print(f"copus: {err} (the same command resumes it from its newest checkpoint)", file=sys.stderr)
+        return 1
     if args.quiet:
         print(summary_text(summary))
     print(f"summary: {summary['output_dir'].partition('?')[0]}/summary.json")

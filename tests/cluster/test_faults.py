@@ -45,3 +45,50 @@ def test_a_killed_controller_is_restarted_and_goes_on_from_its_state(base_mappin
     assert summary["controller"]["restarts"] == 1
     changes = [(r["from"]["gbs"], r["to"]["gbs"], r["to"]["pp"]) for r in summary["reconfigurations"]]
     assert changes == [(8, 16, 1), (16, 32, 2)], changes
+
+
+class _Training:
+    """A stand-in for Ray Train's trainer: the driver hands fit() to a thread and drains the
+    record actor meanwhile; here fit() waits until the test lets it end."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def fit(self) -> str:
+        self.done.wait(60)
+        return "fitted"
+
+
+def test_a_record_actor_that_stays_dead_stops_the_run_and_a_restarted_one_is_waited_for():
+    from copus.cluster.launch import MonitorLost, fit_and_drain
+    from copus.cluster.monitor import RunMonitor, on_driver_node
+
+    # Dead for good: without it every record rank 0 sends would vanish while training goes on.
+    gone = RunMonitor.options(**on_driver_node()).remote()
+    ray.get(gone.push.remote({"step": 1}))
+    ray.kill(gone, no_restart=True)
+    training = _Training()
+    with pytest.raises(MonitorLost, match="has not answered for 2 s"):
+        fit_and_drain(training, gone, lambda _: None, patience_s=2.0)
+    training.done.set()
+    # Restarted by Ray (the controller's max_restarts): the driver waits, then drains the new
+    # incarnation from its start.
+    back = RunMonitor.options(max_restarts=1, **on_driver_node()).remote()
+    node = ray.get(back.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+    assert node == ray.get_runtime_context().get_node_id()
+    ray.get(back.push.remote({"step": 1}))
+    seen: list[dict] = []
+    killed: list[bool] = []
+    training = _Training()
+
+    def drained(records: list[dict]) -> None:
+        seen.extend(records)
+        if seen == [{"step": 1}] and not killed:
+            killed.append(True)
+            ray.kill(back, no_restart=False)
+            threading.Timer(3.0, lambda: back.push.remote({"step": 2})).start()
+        elif {"step": 2} in seen:
+            training.done.set()
+
+    outcome = fit_and_drain(training, back, drained, patience_s=60.0)
+    assert outcome["result"] == "fitted" and seen == [{"step": 1}, {"step": 2}]

@@ -33,7 +33,7 @@ from copus.cluster.controller import ControllerSpec, GoodputController
 from copus.cluster.controller_setup import setup_controller
 from copus.cluster.driver_run import DriverRun, run_label
 from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
-from copus.cluster.monitor import RunMonitor
+from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.probes import ProbeSource
 from copus.cluster.record_handler import RecordHandler
 from copus.cluster.run_state import (
@@ -202,9 +202,9 @@ def start_controller(run: DriverRun):
     carry over relaunches. Ray restarts a controller that crashes (max_restarts); it recovers its
     state from CONTROLLER_STATE, which it rewrites after every decision."""
     if run.spec is None:
-        return RunMonitor.remote()
+        return RunMonitor.options(**on_driver_node()).remote()
     probe_source = ProbeSource(plan=run.plan, checkpoint_root=ray_storage(run.out) / RAY_RUN_NAME)
-    return GoodputController.options(name=f"copus-controller-{run.run_id}", max_restarts=-1).remote(
+    return GoodputController.options(name=f"copus-controller-{run.run_id}", max_restarts=-1, **on_driver_node()).remote(
         run.spec, run.out / CONTROLLER_STATE, probe_source
     )
 

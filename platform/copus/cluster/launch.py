@@ -26,6 +26,11 @@ from workloads.corpus import TokenFiles
 from workloads.datasets import prepare_dataset
 
 POLL_S = 0.5
+MONITOR_PATIENCE_S = 120.0  # a restarting controller recovers in seconds; a dead record queue never does
+
+
+class MonitorLost(RuntimeError):
+    """The actor that carries rank 0's records to the driver is gone for good."""
 
 
 def ensure_ray(cfg: ExperimentConfig) -> None:
@@ -172,13 +177,18 @@ def one_shot_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, name: 
 
 
 def fit_and_drain(
-    trainer: TorchTrainer, monitor, on_records: Callable[[list[dict]], None], cursor: tuple[str | None, int] = (None, 0)
+    trainer: TorchTrainer,
+    monitor,
+    on_records: Callable[[list[dict]], None],
+    cursor: tuple[str | None, int] = (None, 0),
+    patience_s: float = MONITOR_PATIENCE_S,
 ) -> dict:
     """Run `trainer.fit()` on a thread while handing the monitor's records, in order, to
     `on_records` on this one (MLflow, progress), from `cursor` on (a monitor that outlives
     several worker groups keeps its earlier records). A monitor that died and is being
-    restarted by Ray is waited for, not fatal. Returns {"result": Result} or {"error": exc},
-    and {"cursor": the cursor after the last record}."""
+    restarted by Ray is waited for, up to `patience_s`; one that stays unreachable longer is
+    fatal (MonitorLost): the run would go on with its records going nowhere. Returns
+    {"result": Result} or {"error": exc}, and {"cursor": the cursor after the last record}."""
     outcome: dict = {}
 
     def fit() -> None:
@@ -189,12 +199,20 @@ def fit_and_drain(
 
     thread = threading.Thread(target=fit, name="copus-fit", daemon=True)
     thread.start()
+    unreachable_since: float | None = None
     while True:
         alive = thread.is_alive()
         try:
             cursor, records = ray.get(monitor.drain.remote(cursor))
-        except ray.exceptions.RayActorError:  # restarting (max_restarts): records pushed meanwhile are lost
+            unreachable_since = None
+        except ray.exceptions.RayActorError as err:  # restarting (max_restarts): records pushed meanwhile are lost
             records = []
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > patience_s:
+                raise MonitorLost(
+                    f"the run's record actor has not answered for {patience_s:.0f} s ({type(err).__name__}): "
+                    f"the records rank 0 sends are lost; stopping the run"
+                ) from err
         on_records(records)
         if not alive:
             break

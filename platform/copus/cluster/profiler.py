@@ -21,7 +21,7 @@ from typing import Callable
 import ray
 
 from copus.cluster.launch import crossing_of, ensure_ray, fit_and_drain, one_shot_trainer, prepare_plan, run_topology
-from copus.cluster.monitor import RunMonitor
+from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
 from copus.config import ExperimentConfig
@@ -113,7 +113,7 @@ def _failure_reason(err: BaseException) -> str:
 
 def _run_group(cfg: ExperimentConfig, job: ProfileJob, on_record: Callable[[dict], None]) -> BaseException | None:
     """One worker group measuring `job`; records reach `on_record` as they arrive."""
-    monitor = RunMonitor.remote()
+    monitor = RunMonitor.options(**on_driver_node()).remote()
     with one_shot_trainer(cfg, profile_worker, {"job": job, "monitor": monitor}, "profile") as trainer:
 
         def each(records: list[dict]) -> None:
