@@ -400,3 +400,40 @@ def test_probe_settings_follow_the_config_and_stay_off_with_a_calibration_or_a_b
     off = config_from_mapping({**base_mapping, "policy": {"name": "copus", "probes": {"enabled": False}}})
     assert probe_settings(off, calibrated=False) is None
     assert probe_settings(config_from_mapping({**base_mapping, "policy": {"name": "static"}}), calibrated=False) is None
+
+
+def test_each_decision_records_its_gain_quantile_costs_and_the_rest_of_the_run_off_the_curve():
+    """With a target and a validation curve the horizon is read off the curve (before three
+    evaluations, as long as the run so far); every evaluation and the switch order carry what was
+    weighed; the critical batch's sd is the prior's and the noise estimate's together."""
+    c = Controller(spec(target_loss=2.0, in_place_cost_s=1.0))
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    c.push(step(1, 0.0, start))
+    c.push(step(2, 10.0, start, b_noise=None))
+    first = c.evaluations[-1]
+    assert first["horizon_source"] == "elapsed" and first["horizon_s"] == 10.0 and first["log_b_crit_sd"] == 0.0
+    c.decision()
+    for n, (samples, loss) in enumerate([(80, 3.2), (160, 3.0), (320, 2.8), (640, 2.6)]):
+        c.push({"kind": "eval", "step": n, "samples": samples, "val_loss": loss})
+    c.push(step(10, 20.0, start))
+    c.push(step(11, 30.5, start))
+    e = c.evaluations[-1]
+    assert e["rule"] == "quantile" and e["horizon_source"] == "target" and e["horizon_s"] > 0
+    assert e["log_b_crit_sd"] == pytest.approx(math.hypot(0.69, 0.35))
+    assert e["gain_low"] <= e["predicted_gain"] and e["cost_s"] >= e["transient_s"] >= 0.0
+    # the pipeline at GBS 16 is 3x as fast for SE 0.93: the move is made, and its order carries the
+    # same figures to the reconfigure record and MLflow
+    order = c.decision()
+    assert e["switch"] and order.config == CandidateConfig(1, 1, 2, 2, 16)
+    assert order.rule == "quantile" and order.gain_low == e["gain_low"] and order.horizon_source == "target"
+
+
+def test_the_threshold_rule_stays_selectable_and_reads_as_before():
+    from copus.core.planner import RuleSettings
+
+    c = Controller(spec(in_place_cost_s=1.0, rule=RuleSettings(rule="threshold")))
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    c.push(step(1, 1.0, start))
+    c.push(step(3, 11.5, start))
+    assert c.evaluations[-1]["rule"] == "threshold" and c.evaluations[-1]["transient_s"] == 0.0
+    assert c.decision().config == CandidateConfig(1, 1, 2, 2, 16)

@@ -197,7 +197,15 @@ class ProbesConfig(Section):
 class PolicyConfig(Section):
     name: PolicyName = "static"
     efficiency: EfficiencyForm = "pollux"  # statistical-efficiency form (copus.core.efficiency)
-    threshold: float = Field(0.10, ge=0.0)  # switch only when the best beats the current goodput by this much
+    # How a switch is decided (copus.core.planner): "quantile" weighs each move's gain at its
+    # lower quantile against its full cost over the rest of the run; "threshold", the rule before,
+    # wants `threshold` ahead at the central estimate and prices a GBS change at 0.
+    decision_rule: Literal["quantile", "threshold"] = "quantile"
+    gain_quantile_z: float = Field(1.645, ge=0.0)  # the quantile rule reads the gain z sd below its estimate
+    gain_floor: float = Field(0.0, ge=0.0)  # ... and wants that pessimistic gain at least this high
+    # steps of the new GBS a switch's transient costs; default: the calibration's measurement, else 3
+    transient_steps: float | None = Field(None, ge=0.0)
+    threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured
     in_place_cost_s: float = Field(5.0, ge=0.0)  # an in-place layout change's cost until one has been measured

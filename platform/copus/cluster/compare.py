@@ -265,6 +265,7 @@ def _run_row(policy: str, repeat: int, seed: int, summary: dict) -> dict:
         "final_val_loss": summary["final_val_loss"],
         "samples": summary["samples"],
         "reconfigurations": len(summary["reconfigurations"]),
+        "reversed_switches": summary.get("reversed_switches", 0),
         "wall_clock_s": summary["wall_clock_s"],
         "initial_layout": summary["initial_layout"],
         "final_layout": summary["layout"],

@@ -19,9 +19,11 @@ import ray
 
 from copus.cluster.monitor import RecordQueue
 from copus.cluster.probes import NO_DEVICE_FOR_PROBE, Probes, ProbeSource
+from copus.core.decision_rule import critical_batch_log_sd
 from copus.core.finite import finite_json
+from copus.core.horizon import rest_of_run
 from copus.core.layout import CandidateConfig
-from copus.core.planner import Planner, SwitchCosts
+from copus.core.planner import Planner, RuleSettings, SwitchCosts
 from copus.core.policies import decide
 from copus.core.probing import ProbeSettings, decision_stake, probe_gbs, probe_length, probe_value
 from copus.core.reconfiguration import (
@@ -55,10 +57,19 @@ class ControllerSpec:
     calibration: dict | None = None
     # The controller measures c during the run (copus.cluster.probes); None: it does not.
     probes: ProbeSettings | None = None
+    rule: RuleSettings = RuleSettings()  # how the planner decides to switch (copus.core.planner)
+    target_loss: float | None = None  # the run's target validation loss: the rest of the run is read against it
+    factor_log_sd: float = 0.69  # sd of log c without probes or a calibration (the prior's)
 
     def planner(self) -> Planner:
         return Planner.from_table(
-            dict(self.throughputs), self.b0, self.efficiency, self.critical_factor, self.threshold, self.calibration
+            dict(self.throughputs),
+            self.b0,
+            self.efficiency,
+            self.critical_factor,
+            self.threshold,
+            self.calibration,
+            self.rule,
         )
 
 
@@ -81,6 +92,7 @@ class Controller(RecordQueue):
         on = spec.probes is not None and probe_source is not None
         self.probes = Probes(spec.probes, probe_source, spec.critical_factor) if on else None
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
+        self.curve: list[tuple[float, float]] = []  # (samples, validation loss): the rest of the run is read off it
         # The one owner of what a switch costs: the planner charges it, measured switches update it.
         self.book = SwitchCostBook(spec.restart_cost_s, spec.in_place_cost_s, spec.reconfigure)
         self.history: list[dict] = []
@@ -101,6 +113,7 @@ class Controller(RecordQueue):
         self.restarts = saved["restarts"] + 1
         self.awaiting = Reconfiguration.from_dict(saved["awaiting"]) if saved.get("awaiting") else None
         self.last_val_loss = saved.get("last_val_loss") or float("nan")
+        self.curve = [tuple(p) for p in saved.get("curve", [])]
         if self.probes is not None and saved.get("probes"):
             self.probes.recover(saved["probes"])
             self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
@@ -117,6 +130,7 @@ class Controller(RecordQueue):
             "pending": self.pending.as_dict() if self.pending else None,
             "awaiting": self.awaiting.as_dict() if self.awaiting else None,
             "last_val_loss": finite_json(self.last_val_loss),
+            "curve": self.curve[-self.EVALUATIONS_KEPT :],
             "probes": self.probes.state() if self.probes is not None else None,
         }
         self.state_path.write_json(state, indent=None)
@@ -132,6 +146,8 @@ class Controller(RecordQueue):
         r = parse_record(record)
         if isinstance(r, EvalRecord):
             self.last_val_loss = float(r.val_loss)
+            if r.samples is not None:
+                self.curve.append((float(r.samples), float(r.val_loss)))
         elif isinstance(r, ReconfigureRecord):
             self.awaiting = r.reconfiguration()
             self._learn(self.awaiting)
@@ -215,22 +231,15 @@ class Controller(RecordQueue):
     def _evaluate(self, r: StepRecord, b_noise: float) -> None:
         """The policy's decision at this step: an evaluation in the history, and a pending switch
         when it says to switch."""
-        d = decide(
-            self.spec.policy,
-            self.planner,
-            r.config(),
-            b_noise,
-            self.spec.interval_s,
-            self.costs(),
-            loss=self.last_val_loss,
-            elapsed_s=r.wall_clock_s,
-        )
+        context = self._decision_context(r, b_noise, self._factor_log_sd(r.samples or 0))
+        d = decide(self.spec.policy, self.planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
         entry = {"step": r.step, "wall_clock_s": r.wall_clock_s, "b_noise": b_noise}
         if d is None:
             self.evaluations.append({**entry, "switch": False, "reason": "nothing to decide"})
             return
         self.evaluations.append(
             {**entry, "switch": d.switch, "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
+            | finite_json({**d.figures(), "log_b_crit_sd": context["log_b_crit_sd"]})
         )
         if d.switch:  # what rank 0 collects: the target and why (the reconfigure record carries it)
             critical = self.planner.critical_batch(b_noise, self.last_val_loss)
@@ -238,6 +247,31 @@ class Controller(RecordQueue):
             self.pending = order_from_decision(d, b_noise, critical, self.last_val_loss, source, self.book.way)
         elif self.probes is not None and self.probes.may_start(r.samples):
             self._consider_probe(r, b_noise)
+
+    def _factor_log_sd(self, samples: float) -> float:
+        """sd of log c now: the probes' belief (drifted to the present), a calibration's interval
+        at the run's progress, else the prior's."""
+        if self.probes is not None:
+            return self.probes.belief.drifted(samples, self.spec.probes.drift_sd).sd
+        measured = self.planner.mapping.log_b_crit_sd(self.last_val_loss)
+        return measured if measured is not None else self.spec.factor_log_sd
+
+    def _decision_context(self, r: StepRecord, b_noise: float, factor_log_sd: float) -> dict:
+        """What the decision weighs besides the noise scale: the run's progress, the rest of the
+        run (off the validation curve against the target, else as long as the run so far) and
+        the critical batch's uncertainty (c's and the noise estimate's)."""
+        horizon = rest_of_run(
+            [p[0] for p in self.curve],
+            [p[1] for p in self.curve],
+            self.spec.target_loss,
+            float(r.samples or 0),
+            self._run_speed(),
+            r.wall_clock_s,
+            self.spec.interval_s,
+            self.spec.rule.quantile_z,
+        )
+        sd = critical_batch_log_sd(factor_log_sd) if math.isfinite(b_noise) else 0.0
+        return {"loss": self.last_val_loss, "elapsed_s": r.wall_clock_s, "horizon": horizon, "log_b_crit_sd": sd}
 
     def _consider_probe(self, r: StepRecord, b_noise: float) -> None:
         """Probe when the decision hangs on c (at the belief's low and high quantiles of c the
@@ -248,16 +282,9 @@ class Controller(RecordQueue):
         planners, actions = [], []
         for c in belief.interval(settings.quantile_z):
             planner = self.base_planner.with_critical_factor(c)
-            d = decide(
-                self.spec.policy,
-                planner,
-                r.config(),
-                b_noise,
-                self.spec.interval_s,
-                self.costs(),
-                self.last_val_loss,
-                r.wall_clock_s,
-            )
+            # c is set at each end of the belief: only the noise estimate's uncertainty is left
+            context = self._decision_context(r, b_noise, 0.0)
+            d = decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
             if d is None:
                 return
             planners.append(planner)

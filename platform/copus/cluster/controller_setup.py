@@ -10,7 +10,9 @@ from copus.cluster.calibrate import calibration_path, load_calibration
 from copus.cluster.controller import ControllerSpec
 from copus.cluster.profiler import feasible_space, load_or_profile, predicted_throughputs
 from copus.config import ExperimentConfig
+from copus.core.decision_rule import DEFAULT_TRANSIENT_STEPS, step_time_log_sd, transient_steps_from_calibration
 from copus.core.layout import CandidateConfig
+from copus.core.planner import RuleSettings
 from copus.core.policies import initial_config
 from copus.core.probing import ProbeSettings
 
@@ -56,6 +58,9 @@ def setup_controller(
         b_noise_script=b_noise_script,
         calibration=calibration,
         probes=probe_settings(cfg, calibration is not None),
+        rule=rule_settings(cfg, table, model, list(throughputs), calibration),
+        target_loss=cfg.stop.target_val_loss,
+        factor_log_sd=cfg.policy.probes.prior_sd,
     )
     return spec, initial_config(cfg.policy.name, spec.planner(), cfg.start_config(), cfg.policy.layout)
 
@@ -73,3 +78,26 @@ def probe_settings(cfg: ExperimentConfig, calibrated: bool) -> ProbeSettings | N
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def rule_settings(cfg: ExperimentConfig, table, model, space: list[CandidateConfig], calibration: dict | None):
+    """The planner's switching rule (copus.core.planner): the configured rule and quantile, each
+    candidate's step-time uncertainty from the profile model's held-out error
+    (copus.core.decision_rule), and the transient's steps as configured, else as the calibration
+    measured them, else the default."""
+    error = (getattr(table, "model", None) or {}).get("error") or {}
+    sds = None
+    if "mape" in error:
+        extrapolates = [model.extrapolates(c) for c in space]
+        sds = dict(zip(space, step_time_log_sd(error["mape"], error.get("max_ape", error["mape"]), extrapolates)))
+    p = cfg.policy
+    transient = p.transient_steps
+    if transient is None:
+        transient = transient_steps_from_calibration(calibration)
+    return RuleSettings(
+        p.decision_rule,
+        p.gain_quantile_z,
+        p.gain_floor,
+        DEFAULT_TRANSIENT_STEPS if transient is None else transient,
+        sds,
+    )

@@ -127,9 +127,7 @@ class RecordHandler:
         if change.in_place:  # the run goes on in the new configuration: a resumed driver must know it
             run.state.current = change.to.as_dict()
         if change.order is not None and change.order.predicted_gain is not None:
-            run.tracker.log_values(
-                run.run_id, {"predicted_goodput_gain": change.order.predicted_gain}, step=change.step
-            )
+            run.tracker.log_values(run.run_id, decision_metrics(change.order), step=change.step)
         run.echo(reconfiguration_line(change))
 
     def on_probe(self, r: ProbeRecord) -> None:
@@ -147,3 +145,17 @@ class RecordHandler:
 
     def on_end(self, r: EndRecord) -> None:
         self.final = r
+
+
+def decision_metrics(order) -> dict[str, float]:
+    """The figures a switch was decided on, as MLflow metrics at its step: the predicted gain, its
+    lower quantile, the full cost (the transient included) and the rest of the run it was weighed
+    over (the quantile rule's; the threshold rule has only the gain and the cost)."""
+    figures = {
+        "predicted_goodput_gain": order.predicted_gain,
+        "predicted_goodput_gain_low": order.gain_low,
+        "switch_cost_s": order.cost_s,
+        "switch_transient_s": order.transient_s,
+        "switch_horizon_s": order.horizon_s,
+    }
+    return {k: float(v) for k, v in figures.items() if v is not None}

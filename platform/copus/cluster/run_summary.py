@@ -12,7 +12,7 @@ from copus.cluster.launch import crossing_of, run_topology
 from copus.cluster.progress import summary_text
 from copus.cluster.run_state import RunState, read_records_log
 from copus.core.layout import CandidateConfig
-from copus.core.reconfiguration import EfficiencyAudit, Reconfiguration
+from copus.core.reconfiguration import EfficiencyAudit, Reconfiguration, reversed_switches
 from copus.records import EndRecord
 from copus.storage import Location
 from copus.tracking import Tracker, results_name
@@ -82,6 +82,10 @@ def run_summary(run: DriverRun, final: EndRecord, ended: CandidateConfig, contro
         "initial_layout": run.start.as_dict(),
         "layout": ended.as_dict(),
         "reconfigurations": [_with_crossing(r.as_dict(), topology) for r in run.state.reconfigurations],
+        # Switches undone at the next decision (thrashing; copus.core.reconfiguration.reversed_switches).
+        "reversed_switches": reversed_switches(
+            [r.as_dict() for r in run.state.reconfigurations], run.cfg.policy.interval_s, "wall_clock_s"
+        ),
         # Which parallel dimensions cross nodes, at the start, the end and each change.
         "topology": {
             **topology,

@@ -56,6 +56,7 @@ FIT_P_MIN = 0.01
 # Simulated re-measurements of a branch point behind B_crit's interval and its weight in the joint fit.
 BOOTSTRAP = 400
 INTERVAL = 0.95
+INTERVAL_Z = 1.959964  # a Gaussian 95% interval is this many sd either side
 # log B_crit is searched up to a factor 1000 beyond either end of the grid, in this many steps: a
 # value at the edge of that range means the grid cannot tell B_crit from 0 (below) or from
 # infinity (above), and reads as such.
@@ -508,6 +509,10 @@ class NoiseScaleMapping:
     def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
         return self.critical_factor * b_noise
 
+    def log_b_crit_sd(self, loss: float) -> float | None:
+        """A configured c carries no measured uncertainty of its own: None (the prior's applies)."""
+        return None
+
     def efficiency(self, b_noise: float, loss: float, b0: float, gbs: np.ndarray) -> np.ndarray:
         return np.asarray(noise_scale_efficiency(self.form, b_noise, b0, gbs, self.critical_factor), dtype=float)
 
@@ -562,6 +567,17 @@ class CalibratedMapping:
 
     def critical_batch(self, b_noise: float, loss: float = float("nan")) -> float:
         return sum(self._branch_b_crit(b, b_noise) * w for b, w in self._weights(loss))
+
+    def log_b_crit_sd(self, loss: float) -> float | None:
+        """sd of log B_crit from the 95% intervals of the branch points this progress lies
+        between, weighted as the mapping weighs them; None where none has a finite interval."""
+        sds = [
+            (math.log(b.b_crit_high / b.b_crit_low) / (2 * INTERVAL_Z), w)
+            for b, w in self._weights(loss)
+            if 0 < b.b_crit_low <= b.b_crit_high < math.inf
+        ]
+        total = sum(w for _, w in sds)
+        return sum(sd * w for sd, w in sds) / total if total > 0 else None
 
     def _branch_efficiency(self, branch: BranchFit, b_noise: float, b0: float, gbs: np.ndarray) -> np.ndarray:
         if not branch.fit_ok:

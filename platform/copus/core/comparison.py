@@ -61,6 +61,11 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _range(values: list) -> list | None:
+    """[least, most] of a count over the runs, None without runs."""
+    return [min(values), max(values)] if values else None
+
+
 def summarize(runs: list[dict], policies: list[str], adaptive: tuple[str, ...] = ADAPTIVE) -> dict:
     """runs: one dict per run with policy, repeat, time_to_target_s (None if not reached),
     reached_target, final_val_loss, samples, reconfigurations (a count). `adaptive`: the entries
@@ -83,6 +88,8 @@ def summarize(runs: list[dict], policies: list[str], adaptive: tuple[str, ...] =
             "final_val_loss_std": loss_std,
             "samples": _stats([r["samples"] for r in mine])[0],
             "reconfigurations": _stats([r["reconfigurations"] for r in mine])[0],
+            "reconfigurations_range": _range([r["reconfigurations"] for r in mine]),
+            "reversed_switches": sum(int(r.get("reversed_switches") or 0) for r in mine),
             "per_seed": seed_rows(mine),
             **mean_log_time(mine),
         }

@@ -6,20 +6,25 @@ switch is worth it.
 SE from the current gradient noise scale through the run's efficiency mapping
 (`copus.core.calibration`): the configured factor c × B_noise in the chosen form, or the
 critical batch and efficiency curve a calibration measured, at the current loss.
-A switch happens only when a candidate beats the current configuration by the threshold
-(default 10 %) and its gain over the rest of the run outweighs the cost of getting there
-(`SwitchCosts`): a change of GBS alone is made in place (cost ≈ 0); a change of MBS or layout
-costs an in-place reshard or a worker-group restart, whichever the run uses (measured,
-initially estimated). Switching is worth it when
+Two switching rules (`policy.decision_rule`):
 
-    goodput_best × (horizon − cost) > goodput_current × horizon
+- **quantile** (the default): each candidate's gain is weighed at a lower quantile of what the
+  planner knows of it (`copus.core.decision_rule`: the critical batch's uncertainty, from the
+  belief on c, a calibration's interval or the prior, and the noise estimate's; the step-time
+  model's held-out error), and the move is made when that pessimistic gain repays the move's
+  full cost (a reshard or restart for another layout or MBS, the switch's transient for
+  another GBS) over the rest of the run, which `copus.core.horizon` reads off the validation
+  curve and the target (else as long as the run so far):
 
-where the horizon is the rest of the run, taken to be as long as the run so far (what a run of
-unknown length has left, on average, once it has lasted that long; the probes' price uses the
-same, `copus.core.probing`), and at least one decision interval. Counting one interval only
-refused a move that repays its cost over the run however long the run had left (a 25 s reshard
-4.4% ahead in a 600 s interval, a 440 s restart 275% ahead). Among the candidates that pass both
-tests the planner takes the one with the most goodput net of its cost over the horizon.
+      goodput_current × e^(r − z·sd) × (horizon − cost) > goodput_current × horizon,
+
+  and the pessimistic gain is at least `gain_floor` (0 by default). Among the moves that pass,
+  the planner takes the one with the most pessimistic goodput over the horizon net of its cost;
+  the test and the choice are one number, so no alternative shadows a move that passes.
+- **threshold** (the rule before, kept for comparison): a candidate must beat the current
+  goodput by `threshold` (10%) at the central estimate and repay its cost (a GBS change priced
+  at 0) over the rest of the run taken as long as the run so far, at least one decision
+  interval. Among those that pass, the most goodput net of its cost.
 
 Pure and vectorised: throughputs of all candidates are computed once per model, each
 decision is a few numpy operations (well under a millisecond for thousands of candidates).
@@ -30,13 +35,18 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
 
 from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
+from copus.core.decision_rule import DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS, pessimistic_log_gain, transient_depth
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
+from copus.core.horizon import Horizon, elapsed_horizon
 from copus.core.layout import CandidateConfig
+
+RULES = ("quantile", "threshold")
 
 
 def same_shape(a: CandidateConfig, b: CandidateConfig) -> bool:
@@ -87,13 +97,47 @@ class Decision:
     best: Scored
     switch: bool
     kind: str  # what the move changes: change_kind(current, best)
-    cost_s: float  # its switching cost
+    cost_s: float  # its switching cost, the transient of a GBS change included
     predicted_gain: float  # best goodput / current goodput - 1
     reason: str
+    rule: str = "threshold"
+    gain_low: float | None = None  # the gain at the rule's lower quantile (quantile rule)
+    gain_log_sd: float | None = None  # sd of log(best / current goodput) it was read from
+    transient_s: float = 0.0  # of cost_s, the GBS change's transient
+    horizon: Horizon | None = None  # the rest of the run the cost was weighed over
+
+    def figures(self) -> dict:
+        """What the decision weighed, for the controller's evaluations and the switch order."""
+        return {
+            "rule": self.rule,
+            "predicted_gain": self.predicted_gain,
+            "gain_low": self.gain_low,
+            "gain_log_sd": self.gain_log_sd,
+            "cost_s": self.cost_s,
+            "transient_s": self.transient_s,
+            **(self.horizon.as_dict() if self.horizon is not None else {}),
+        }
 
     @property
     def target(self) -> CandidateConfig:
         return self.best.config if self.switch else self.current.config
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """How the planner decides to switch (module docstring). `throughput_log_sd`: per candidate,
+    the relative sd of its predicted throughput (`copus.core.decision_rule.step_time_log_sd`), None
+    for none; `transient_steps`: steps of the new GBS a switch's transient costs."""
+
+    rule: str = "quantile"
+    quantile_z: float = DEFAULT_QUANTILE_Z
+    gain_floor: float = 0.0
+    transient_steps: float = DEFAULT_TRANSIENT_STEPS
+    throughput_log_sd: dict | None = None
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"policy.decision_rule: unknown rule {self.rule!r} (known: {', '.join(RULES)})")
 
 
 class Planner:
@@ -106,9 +150,11 @@ class Planner:
         critical_factor: float = DEFAULT_CRITICAL_FACTOR,
         threshold: float = 0.10,
         mapping=None,
+        rule: RuleSettings = RuleSettings(rule="threshold"),
     ):
         """`mapping` (a `copus.core.calibration` mapping) turns the live noise scale into SE and a
-        critical batch; by default c × B_noise in `form` with `critical_factor`."""
+        critical batch; by default c × B_noise in `form` with `critical_factor`. `threshold`: the
+        threshold rule's; `rule`: which rule decides, and its settings."""
         if not candidates:
             raise ValueError("the search space has no feasible configuration")
         self.candidates = list(candidates)
@@ -117,6 +163,9 @@ class Planner:
         self.index = {c: i for i, c in enumerate(self.candidates)}
         self.b0, self.form, self.critical_factor, self.threshold = b0, form, critical_factor, threshold
         self.mapping = mapping if mapping is not None else NoiseScaleMapping(form, critical_factor)
+        self.rule = rule
+        sds = rule.throughput_log_sd or {}
+        self.throughput_sd = np.array([float(sds.get(c, 0.0)) for c in self.candidates])
 
     @classmethod
     def from_table(
@@ -127,6 +176,7 @@ class Planner:
         critical_factor: float,
         threshold: float,
         calibration: dict | None = None,
+        rule: RuleSettings = RuleSettings(rule="threshold"),
     ) -> Planner:
         """The planner over a profiled search space ({config: samples/s}), with the calibrated
         efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`.
@@ -144,6 +194,7 @@ class Planner:
             critical_factor,
             threshold,
             mapping,
+            rule,
         )
 
     def with_critical_factor(self, critical_factor: float) -> Planner:
@@ -210,7 +261,7 @@ class Planner:
         that satisfies the rule was made depended on an alternative that does not."""
         goodput = self.goodputs(b_noise, loss)
         cost = np.array([costs.of(current, c) for c in self.candidates])
-        net = goodput * np.clip(1.0 - cost / horizon_s, 0.0, None)
+        net = goodput * np.clip(1.0 - cost / max(horizon_s, 1e-9), 0.0, None)
         if allowed is not None:
             net = np.where([allowed(c) for c in self.candidates], net, -np.inf)
         passes = (_gain(goodput, now_goodput) >= self.threshold) & ~_falls_short(goodput, cost, now_goodput, horizon_s)
@@ -227,48 +278,117 @@ class Planner:
         target: CandidateConfig | None = None,
         loss: float = float("nan"),
         elapsed_s: float = 0.0,
+        horizon: Horizon | None = None,
+        log_b_crit_sd: float = 0.0,
     ) -> Decision:
-        """Whether to move from `current`, and where: the candidate with the most goodput over
-        the horizon net of its switching cost (or the policy's `target`). `loss`: the run's
-        progress (latest validation loss), for a mapping that depends on it. `elapsed_s`: the
-        run's time so far, which sets the horizon (`repayment_horizon`)."""
-        horizon = repayment_horizon(elapsed_s, interval_s)
+        """Whether to move from `current`, and where (or to the policy's `target`). `loss`: the
+        run's progress (latest validation loss), for a mapping that depends on it. `horizon`: the
+        rest of the run (`copus.core.horizon`); None: as long as `elapsed_s`, the run so far.
+        `log_b_crit_sd`: the sd of the log critical batch the quantile rule weighs."""
+        if horizon is None or self.rule.rule == "threshold":  # the threshold rule reads the run so far
+            horizon = elapsed_horizon(elapsed_s, interval_s)
         now = (
             self.score(current, b_noise, loss)
             if current in self.index
             else Scored(current, float("nan"), float("nan"), 0.0)
         )
-        chosen_by_policy = target is not None  # a policy's own rule (cbs): no goodput criterion
-        if target is None:
-            target = self._target(current, now.goodput, b_noise, loss, horizon, costs, allowed)
-        best = self.score(target, b_noise, loss)
+        if target is not None:  # a baseline's own rule (cbs: follow c x B_noise) is followed, not weighed
+            best = self.score(target, b_noise, loss)
+            kind, cost = change_kind(current, target), costs.of(current, target)
+            if target == current:
+                return Decision(now, best, False, kind, cost, 0.0, "current configuration is the best")
+            return Decision(now, best, True, kind, cost, float(_gain(best.goodput, now.goodput)), "the policy's rule")
+        if self.rule.rule == "quantile" and now.goodput > 0:
+            return self._decide_quantile(now, b_noise, loss, horizon, costs, allowed, log_b_crit_sd)
+        return self._decide_threshold(now, b_noise, loss, horizon, costs, allowed)
+
+    def _decide_threshold(
+        self, now: Scored, b_noise: float, loss: float, horizon: Horizon, costs: SwitchCosts, allowed
+    ) -> Decision:
+        """The threshold rule: `threshold` ahead at the central estimate, and repaying its cost
+        (a GBS change free) over the horizon. Also where the current configuration is no
+        candidate (its gain over nothing is infinite: the best that repays is taken)."""
+        current, seconds = now.config, horizon.seconds
+        best = self.score(self._target(current, now.goodput, b_noise, loss, seconds, costs, allowed), b_noise, loss)
         kind, cost = change_kind(current, best.config), costs.of(current, best.config)
         gain = float(_gain(best.goodput, now.goodput))
+        decided = lambda switch, why: Decision(now, best, switch, kind, cost, gain, why, horizon=horizon)  # noqa: E731
         if best.config == current:
-            return Decision(now, best, False, kind, cost, 0.0, "current configuration is the best")
-        if chosen_by_policy:  # a baseline's own rule (cbs: follow c x B_noise) is followed, not weighed
-            return Decision(now, best, True, kind, cost, gain, "the policy's rule")
+            return Decision(now, best, False, kind, cost, 0.0, "current configuration is the best", horizon=horizon)
         if gain < self.threshold:
-            return Decision(
-                now, best, False, kind, cost, gain, f"gain {gain:.1%} below the {self.threshold:.0%} threshold"
+            return decided(False, f"gain {gain:.1%} below the {self.threshold:.0%} threshold")
+        if _falls_short(best.goodput, cost, now.goodput, seconds):
+            return decided(
+                False, f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {seconds:.0f} s"
             )
-        if _falls_short(best.goodput, cost, now.goodput, horizon):
-            return Decision(
-                now,
-                best,
-                False,
-                kind,
-                cost,
-                gain,
-                f"gain {gain:.1%} does not repay a {cost:.1f} s reconfiguration within {horizon:.0f} s",
+        return decided(True, f"predicted goodput +{gain:.1%}")
+
+    def _switch_seconds(self, current: CandidateConfig, costs: SwitchCosts) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate, the full cost of moving there from `current` and its transient part:
+        a reshard or restart by what changes, plus the transient of a GBS change, its steps
+        (times the change's depth) at the candidate's step time."""
+        moved = np.array([costs.of(current, c) for c in self.candidates])
+        step_s = self.gbs / self.throughputs
+        transient = self.rule.transient_steps * transient_depth(current.gbs, self.gbs) * step_s
+        return moved + transient, transient
+
+    def _decide_quantile(
+        self,
+        now: Scored,
+        b_noise: float,
+        loss: float,
+        horizon: Horizon,
+        costs: SwitchCosts,
+        allowed,
+        log_b_crit_sd: float,
+    ) -> Decision:
+        """The quantile rule (module docstring): the candidate whose pessimistic goodput over the
+        horizon, net of its full cost, beats staying by the most; stay when none does."""
+        current, z, seconds = now.config, self.rule.quantile_z, horizon.seconds
+        i = self.index[current]
+        log_gain = lambda g: np.log(g / g[i])  # noqa: E731
+        r = log_gain(self.goodputs(b_noise, loss))
+        r_low_b, r_high_b = r, r
+        if log_b_crit_sd > 0 and math.isfinite(b_noise) and b_noise > 0 and z > 0:
+            k = math.exp(z * log_b_crit_sd)
+            r_low_b, r_high_b = log_gain(self.goodputs(b_noise / k, loss)), log_gain(self.goodputs(b_noise * k, loss))
+        shared = np.array([same_shape(c, current) for c in self.candidates])
+        t_sd = np.where(shared, 0.0, np.hypot(self.throughput_sd, self.throughput_sd[i]))
+        r_low, r_sd = pessimistic_log_gain(r, r_low_b, r_high_b, t_sd, z)
+        cost, transient = self._switch_seconds(current, costs)
+        value = np.exp(r_low) * np.maximum(seconds - cost, 0.0)  # pessimistic goodput over the horizon, net
+        ok = np.ones(len(self.candidates), bool) if allowed is None else np.array([allowed(c) for c in self.candidates])
+        ok[i] = False
+        passes = ok & (value > seconds) & (np.expm1(r_low) >= self.rule.gain_floor)
+        j = int(np.argmax(np.where(passes, value, -np.inf))) if passes.any() else None
+        shown = j if j is not None else (int(np.argmax(np.where(ok, value, -np.inf))) if ok.any() else i)
+        best = self.score(self.candidates[shown], b_noise, loss)
+        gain, low = float(np.expm1(r[shown])), float(np.expm1(r_low[shown]))
+        figures = dict(rule="quantile", gain_low=low, gain_log_sd=float(r_sd[shown]), horizon=horizon)
+        figures["transient_s"] = float(transient[shown])
+        kind, c = change_kind(current, best.config), float(cost[shown])
+        if j is not None:
+            why = f"predicted goodput +{gain:.1%}, +{low:.1%} at the {self._quantile_name()}"
+            return Decision(now, best, True, kind, c, gain, why, **figures)
+        if shown == i:
+            return Decision(now, best, False, kind, 0.0, 0.0, "current configuration is the best", **figures)
+        if low < self.rule.gain_floor and value[shown] > seconds:
+            why = f"gain {low:+.1%} at the {self._quantile_name()} below the {self.rule.gain_floor:.0%} floor"
+        else:
+            why = (
+                f"gain {gain:+.1%} ({low:+.1%} at the {self._quantile_name()}) does not repay {c:.1f} s "
+                f"within the {seconds:.0f} s left ({horizon.source})"
             )
-        return Decision(now, best, True, kind, cost, gain, f"predicted goodput +{gain:.1%}")
+        return Decision(now, best, False, kind, c, gain, why, **figures)
+
+    def _quantile_name(self) -> str:
+        """The lower quantile the rule reads the gain at, in words: "5% quantile" at z 1.645."""
+        return f"{NormalDist().cdf(-self.rule.quantile_z):.0%} quantile"
 
 
 def repayment_horizon(elapsed_s: float, interval_s: float) -> float:
-    """The time a switch has to repay its cost in: the rest of the run, taken to be as long as
-    the run so far, and at least one decision interval."""
-    return max(interval_s, elapsed_s) if math.isfinite(elapsed_s) else interval_s
+    """The threshold rule's horizon in seconds (`copus.core.horizon.elapsed_horizon`)."""
+    return elapsed_horizon(elapsed_s, interval_s).seconds
 
 
 def _gain(goodput, now_goodput: float):

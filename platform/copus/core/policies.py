@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from copus.core.horizon import Horizon
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Decision, Planner, SwitchCosts, same_shape
 from copus.core.policy_names import ADAPTIVE, DEFAULT_SUITE, POLICIES, PolicyName  # noqa: F401 - re-exported
@@ -62,13 +63,16 @@ def decide(
     costs: SwitchCosts,
     loss: float = float("nan"),
     elapsed_s: float = 0.0,
+    horizon: Horizon | None = None,
+    log_b_crit_sd: float = 0.0,
 ) -> Decision | None:
     """The policy's decision now, or None when it has nothing to decide. `loss` is the run's
     progress (latest validation loss); the critical batch comes from the planner's mapping.
-    `elapsed_s`, the run's time so far, sets the horizon a switch must repay its cost in."""
+    `horizon`, the rest of the run a switch must repay its cost in (None: as long as
+    `elapsed_s`, the run's time so far); `log_b_crit_sd`, the critical batch's uncertainty."""
     if policy == "static":
         return None
-    since = {"loss": loss, "elapsed_s": elapsed_s}
+    since = {"loss": loss, "elapsed_s": elapsed_s, "horizon": horizon, "log_b_crit_sd": log_b_crit_sd}
     if policy == "copus":
         return planner.decide(current, b_noise, interval_s, costs, **since)
     if policy == "copus-gbs":

@@ -60,6 +60,12 @@ class SwitchOrder:
     val_loss: float | None = None  # the run's progress at the decision
     efficiency_source: str | None = None  # "configured" or the calibration's id
     way: str = "auto"  # how the workers make it (WAYS): the controller's SwitchCostBook.way
+    rule: str | None = None  # the planner's decision rule (copus.core.planner)
+    gain_low: float | None = None  # the gain at the rule's lower quantile
+    gain_log_sd: float | None = None  # sd of the log goodput ratio it was read from
+    transient_s: float | None = None  # of cost_s, the GBS change's transient
+    horizon_s: float | None = None  # the rest of the run the cost was weighed over
+    horizon_source: str | None = None  # "target" (off the validation curve) or "elapsed" (as long as the run so far)
 
     def reasons(self) -> dict[str, Any]:
         """Everything but the target, in order: what a reconfigure record carries beside `to`."""
@@ -236,6 +242,21 @@ class SwitchCostBook:
         return {"restart_cost_s": self.restart_cost_s, "in_place_cost_s": self.in_place_cost_s, "reconfigure": self.way}
 
 
+def reversed_switches(changes: list[dict], interval_s: float, clock: str) -> int:
+    """Switches undone at the next decision: a change back to where the one before it came from,
+    less than two decision intervals after it (the next decision comes one interval after a
+    switch, plus its downtime). `changes`: dicts with "from", "to" and the time under `clock`
+    ("t" in the simulator, "wall_clock_s" in a run's summary.json)."""
+    undone = 0
+    for a, b in zip(changes, changes[1:]):
+        ta, tb = a.get(clock), b.get(clock)
+        if ta is None or tb is None:
+            continue
+        if b["to"] == a["from"] and tb - ta < 2 * interval_s:
+            undone += 1
+    return undone
+
+
 def order_from_decision(
     decision, b_noise: float, critical_batch: float, val_loss: float, source: str, way: str
 ) -> SwitchOrder:
@@ -258,6 +279,12 @@ def order_from_decision(
         val_loss=finite_json(val_loss),
         efficiency_source=source,
         way=way,
+        rule=decision.rule,
+        gain_low=finite_json(decision.gain_low),
+        gain_log_sd=finite_json(decision.gain_log_sd),
+        transient_s=finite_json(decision.transient_s),
+        horizon_s=finite_json(decision.horizon.seconds) if decision.horizon is not None else None,
+        horizon_source=decision.horizon.source if decision.horizon is not None else None,
     )
 
 

@@ -148,6 +148,7 @@ def _row(policy: str, repeat: int, r: SimResult) -> dict:
         "final_val_loss": r.final_loss,
         "samples": r.samples,
         "reconfigurations": len(r.reconfigurations),
+        "reversed_switches": r.reversed_switches,
         "layout_changes": r.layout_changes,
         "replica_changes": r.replica_changes,
     }

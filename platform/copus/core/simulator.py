@@ -44,12 +44,16 @@ import numpy as np
 
 from copus.core import planner as planner_module
 from copus.core import policies
+from copus.core.belief import PRIOR_LOG_SD
 from copus.core.datasheets import NodeSpec
+from copus.core.decision_rule import critical_batch_log_sd
+from copus.core.horizon import rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 from copus.core.memory import config_bytes, fits
-from copus.core.planner import SwitchCosts
+from copus.core.planner import RuleSettings, SwitchCosts
 from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
+from copus.core.reconfiguration import reversed_switches
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
@@ -463,6 +467,8 @@ class Setting:
     form: str = "pollux"  # the planner's beliefs: SE form and critical factor
     critical_factor: float = 2.0
     threshold: float = 0.10
+    rule: RuleSettings = RuleSettings()  # how the planner decides to switch (copus.core.planner)
+    factor_log_sd: float = PRIOR_LOG_SD  # sd of log c the planner reads the critical batch with
     interval_s: float = 600.0
     reconfigure: str = "in_place"
     costs: ReconfigurationCosts = ReconfigurationCosts()
@@ -515,7 +521,7 @@ def search_space(
 def make_planner(s: Setting, cands: list[CandidateConfig], throughputs: np.ndarray):
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
     return planner_module.Planner.from_table(
-        dict(zip(cands, throughputs)), s.start.gbs, s.form, s.critical_factor, s.threshold
+        dict(zip(cands, throughputs)), s.start.gbs, s.form, s.critical_factor, s.threshold, rule=s.rule
     )
 
 
@@ -553,6 +559,13 @@ class SimResult:
     timeline: list[dict]  # (time, samples, loss, b_crit, b_noise, gbs, layout) about every decision interval
     stopped: str | None = None  # why a run that did not reach the target ended: max_hours, max_steps, max_decisions
 
+    interval_s: float = 600.0  # the decision interval, for `reversed_switches`
+
+    @property
+    def reversed_switches(self) -> int:
+        """Switches undone at the next decision (`copus.core.reconfiguration.reversed_switches`)."""
+        return reversed_switches(self.reconfigurations, self.interval_s, "t")
+
     @property
     def replica_changes(self) -> int:
         """Changes of the replica (the planner's kind "layout": the 3D layout, sharding or
@@ -573,6 +586,7 @@ class SimResult:
             "reconfigurations": len(self.reconfigurations),
             "layout_changes": self.layout_changes,
             "replica_changes": self.replica_changes,
+            "reversed_switches": self.reversed_switches,
             "changes": self.reconfigurations,
             "final_loss": self.final_loss,
             "start": self.start.as_dict(),
@@ -653,6 +667,7 @@ class _Run:
             self.current,
             self.timeline,
             stopped,
+            self.s.interval_s,
         )
 
 
@@ -670,12 +685,41 @@ def _follow_policy(run: _Run, plan) -> None:
         next_decision = run.t + s.interval_s
         b_noise = estimate.read(run.model) if estimate is not None else float("nan")
         run.timeline.append(run.point(b_noise))
-        d = policies.decide(run.policy, plan, run.current, b_noise, s.interval_s, costs, elapsed_s=run.t)
+        d = policies.decide(
+            run.policy, plan, run.current, b_noise, s.interval_s, costs, **_decision_context(run, plan, b_noise)
+        )
         run.decided += d is not None
         if d is not None and d.switch:
+            figures = {k: d.figures()[k] for k in ("gain_low", "horizon_s", "horizon_source") if k in d.figures()}
             run.switch(
-                d.target, d.kind, costs.of(run.current, d.target), b_noise=b_noise, predicted_gain=d.predicted_gain
+                d.target,
+                d.kind,
+                costs.of(run.current, d.target),
+                b_noise=b_noise,
+                predicted_gain=d.predicted_gain,
+                **figures,
             )
+
+
+def _decision_context(run: _Run, plan, b_noise: float) -> dict:
+    """What a controller knows at a decision besides the noise scale, as the run's controller
+    reads it (`copus.cluster.controller`): the rest of the run off the loss curve so far (the
+    timeline's losses at the decisions: a run's validation curve) and the target, and the
+    critical batch's uncertainty."""
+    s, points = run.s, run.timeline
+    speed = run.current.gbs / run.step_times[run.current] if run.current in run.step_times else math.nan
+    horizon = rest_of_run(
+        [p["samples"] for p in points],
+        [p["loss"] for p in points],
+        s.target_loss,
+        run.model.samples,
+        speed,
+        run.t,
+        s.interval_s,
+        s.rule.quantile_z,
+    )
+    sd = critical_batch_log_sd(s.factor_log_sd) if math.isfinite(b_noise) else 0.0
+    return {"elapsed_s": run.t, "horizon": horizon, "log_b_crit_sd": sd}
 
 
 def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:

@@ -29,8 +29,10 @@ from copus.config import (
     read_yaml,
 )
 from copus.core.datasheets import NODES
+from copus.core.decision_rule import DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
+from copus.core.planner import RuleSettings
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.ramp import BatchRamp
 from copus.core.sim_protocol import RAMP_LENGTHS
@@ -79,6 +81,15 @@ class SimSearch(Section):
 class SimPolicy(Section):
     efficiency: EfficiencyForm = "pollux"
     critical_factor: float = Field(2.0, gt=0.0)
+    decision_rule: Literal["quantile", "threshold"] = "quantile"  # as a run's (copus.core.planner)
+    gain_quantile_z: float = Field(1.645, ge=0.0)
+    gain_floor: float = Field(0.0, ge=0.0)
+    transient_steps: float = Field(
+        DEFAULT_TRANSIENT_STEPS, ge=0.0
+    )  # what the planner charges a GBS change (the truth's is `transient`)
+    # sd of log c the planner reads the critical batch with: a run without a calibration or probes
+    # has the prior over calibrations (copus.core.belief.PRIOR_LOG_SD)
+    factor_log_sd: float = Field(0.69, ge=0.0)
     threshold: float = Field(0.10, ge=0.0)
     interval_s: float = Field(600.0, gt=0.0)
 
@@ -338,6 +349,10 @@ def setting_from(cfg: SimConfig) -> Setting:
         form=cfg.policy.efficiency,
         critical_factor=cfg.policy.critical_factor,
         threshold=cfg.policy.threshold,
+        rule=RuleSettings(
+            cfg.policy.decision_rule, cfg.policy.gain_quantile_z, cfg.policy.gain_floor, cfg.policy.transient_steps
+        ),
+        factor_log_sd=cfg.policy.factor_log_sd,
         interval_s=cfg.policy.interval_s,
         reconfigure=cfg.reconfigure,
         costs=ReconfigurationCosts(c.in_place_fixed_s, c.restart_fixed_s, c.storage_gb_per_s * 1e9),
