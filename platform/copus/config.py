@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from copus.core.decision_rule import DEFAULT_QUANTILE_Z
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, POLICIES, SCHEDULED, TUNED_ENTRY, PolicyName
@@ -201,7 +202,9 @@ class PolicyConfig(Section):
     # lower quantile against its full cost over the rest of the run; "threshold", the rule before,
     # wants `threshold` ahead at the central estimate and prices a GBS change at 0.
     decision_rule: Literal["quantile", "threshold"] = "quantile"
-    gain_quantile_z: float = Field(1.645, ge=0.0)  # the quantile rule reads the gain z sd below its estimate
+    gain_quantile_z: float = Field(
+        DEFAULT_QUANTILE_Z, ge=0.0
+    )  # the quantile rule reads the gain z sd below its estimate
     gain_floor: float = Field(0.0, ge=0.0)  # ... and wants that pessimistic gain at least this high
     # steps of the new GBS a switch's transient costs; default: the calibration's measurement, else 3
     transient_steps: float | None = Field(None, ge=0.0)

@@ -62,8 +62,12 @@ def _mapping(base_mapping) -> dict:
         # B_noise itself (c = 1; the pollux form ignored c then): with it decision 1 picks GBS 16,
         # with the default c it picks 24. Pinned, so the test does not follow the default.
         "gns": {"critical_factor": 1.0},
+        # The scripted decisions were chosen for the threshold rule (10% ahead at the central
+        # estimate); this file tests how a decided change is made, not how it is decided (the
+        # quantile rule's decisions: tests/core/test_decision_rule.py, tests/test_controller_logic.py).
         "policy": {
             "name": "copus",
+            "decision_rule": "threshold",
             "interval_s": 0.5,
             "restart_cost_s": 0.05,
             "in_place_cost_s": 0.05,

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.core.decision_rule import (
+    DEFAULT_QUANTILE_Z,
     DEFAULT_TRANSIENT_STEPS,
     critical_batch_log_sd,
     pessimistic_log_gain,
@@ -25,6 +26,7 @@ from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, RuleSettings, SwitchCosts
 
 ROOT = Path(__file__).resolve().parents[2]
+Z = DEFAULT_QUANTILE_Z
 A16 = CandidateConfig(4, 1, 1, 4, 16)
 A64 = CandidateConfig(4, 1, 1, 4, 64)
 B16 = CandidateConfig(2, 1, 2, 4, 16)
@@ -54,7 +56,7 @@ def test_the_step_time_models_error_holds_back_a_move_it_could_explain_and_not_o
         A16, 1e4, 30.0, FREE, horizon=LONG
     )
     assert not d.switch and d.gain_log_sd == pytest.approx(0.04 * math.sqrt(2))
-    assert d.gain_low == pytest.approx(math.exp(math.log(1.05) - 1.645 * 0.04 * math.sqrt(2)) - 1)
+    assert d.gain_low == pytest.approx(math.exp(math.log(1.05) - Z * 0.04 * math.sqrt(2)) - 1)
     assert "does not repay" in d.reason
     # Another GBS of the same replica and MBS shares the model's terms: no throughput error on the ratio
     same = planner({A16: 100.0, A64: 400.0}, RuleSettings(throughput_log_sd=sds, transient_steps=0.0))
@@ -70,9 +72,9 @@ def test_the_critical_batchs_uncertainty_is_read_at_both_ends_and_saturates_far_
     sure = p.decide(A16, 40.0, 30.0, FREE, horizon=LONG)
     unsure = p.decide(A16, 40.0, 30.0, FREE, horizon=LONG, log_b_crit_sd=1.0)
     assert sure.gain_low == pytest.approx(sure.predicted_gain) and unsure.gain_low < sure.gain_low
-    low_b = p.score(A64, 40.0 / math.exp(1.645)).goodput / p.score(A16, 40.0 / math.exp(1.645)).goodput
-    high_b = p.score(A64, 40.0 * math.exp(1.645)).goodput / p.score(A16, 40.0 * math.exp(1.645)).goodput
-    assert unsure.gain_log_sd == pytest.approx(abs(math.log(high_b) - math.log(low_b)) / (2 * 1.645))
+    low_b = p.score(A64, 40.0 / math.exp(Z)).goodput / p.score(A16, 40.0 / math.exp(Z)).goodput
+    high_b = p.score(A64, 40.0 * math.exp(Z)).goodput / p.score(A16, 40.0 * math.exp(Z)).goodput
+    assert unsure.gain_log_sd == pytest.approx(abs(math.log(high_b) - math.log(low_b)) / (2 * Z))
     # far above every batch the efficiency is ~1 at both ends: the uncertainty costs nothing
     big = p.decide(A16, 1e7, 30.0, FREE, horizon=LONG, log_b_crit_sd=1.0)
     assert big.gain_log_sd < 1e-4 and big.switch

@@ -382,7 +382,7 @@ class Planner:
         return Decision(now, best, False, kind, c, gain, why, **figures)
 
     def _quantile_name(self) -> str:
-        """The lower quantile the rule reads the gain at, in words: "5% quantile" at z 1.645."""
+        """The lower quantile the rule reads the gain at, in words: "16% quantile" at z 1."""
         return f"{NormalDist().cdf(-self.rule.quantile_z):.0%} quantile"
 
 

@@ -29,7 +29,7 @@ from copus.config import (
     read_yaml,
 )
 from copus.core.datasheets import NODES
-from copus.core.decision_rule import DEFAULT_TRANSIENT_STEPS
+from copus.core.decision_rule import DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
 from copus.core.planner import RuleSettings
@@ -82,7 +82,7 @@ class SimPolicy(Section):
     efficiency: EfficiencyForm = "pollux"
     critical_factor: float = Field(2.0, gt=0.0)
     decision_rule: Literal["quantile", "threshold"] = "quantile"  # as a run's (copus.core.planner)
-    gain_quantile_z: float = Field(1.645, ge=0.0)
+    gain_quantile_z: float = Field(DEFAULT_QUANTILE_Z, ge=0.0)
     gain_floor: float = Field(0.0, ge=0.0)
     transient_steps: float = Field(
         DEFAULT_TRANSIENT_STEPS, ge=0.0
