@@ -75,6 +75,12 @@ ORDER_REASONS = {
     "val_loss": 2.5,
     "efficiency_source": "configured",
     "way": "auto",
+    "rule": "quantile",
+    "gain_low": 0.05,
+    "gain_log_sd": 0.12,
+    "transient_s": 1.5,
+    "horizon_s": 600.0,
+    "horizon_source": "target",
 }
 RECORDS = [
     {
