@@ -21,10 +21,10 @@ import torch.distributed as dist
 from smoke import parse_args
 
 from copus.parallel.dims import ParallelDims
-from copus.train.engine import ParallelModel
 from copus.train.local import run_on_gloo_ranks
-from copus.train.plan import OptimizerPlan
+from copus.train.parallel_model import ParallelModel
 from copus.train.replica import make_optimizer, train_step
+from copus.train.worker_plan import OptimizerPlan
 from workloads.flavours import FLAVOURS
 
 

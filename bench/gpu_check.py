@@ -36,7 +36,7 @@ from smoke import parse_args  # noqa: E402
 from copus.core.layout import CandidateConfig  # noqa: E402
 from copus.core.schedule import LRSchedule  # noqa: E402
 from copus.train.local import run_local  # noqa: E402
-from copus.train.plan import StopRule, WorkerPlan  # noqa: E402
+from copus.train.worker_plan import StopRule, WorkerPlan  # noqa: E402
 from workloads.datasets import prepare_dataset  # noqa: E402
 
 # How far a resumed step's training loss may lie from the uninterrupted run's, relative: the

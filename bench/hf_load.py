@@ -30,8 +30,8 @@ from smoke import parse_args  # noqa: E402
 
 from copus.parallel.dims import ParallelDims  # noqa: E402
 from copus.parallel.redistribute import local_tensor  # noqa: E402
-from copus.train.engine import ParallelModel  # noqa: E402
 from copus.train.local import run_on_gloo_ranks  # noqa: E402
+from copus.train.parallel_model import ParallelModel  # noqa: E402
 from workloads.hf_config import flavour_from_config  # noqa: E402
 
 FULL = {"hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1536, "vocab_size": 16000}

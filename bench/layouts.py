@@ -34,10 +34,10 @@ from smoke import parse_args
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES
 from copus.core.search import valid_layouts
 from copus.parallel.dims import ParallelDims
-from copus.train.engine import ParallelModel
 from copus.train.local import run_on_gloo_ranks
-from copus.train.plan import OptimizerPlan
+from copus.train.parallel_model import ParallelModel
 from copus.train.replica import make_optimizer, train_step
+from copus.train.worker_plan import OptimizerPlan
 from workloads.flavours import FLAVOURS
 
 

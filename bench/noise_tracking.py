@@ -32,7 +32,7 @@ from copus.cluster.launch import prepare_plan
 from copus.config import load_config
 from copus.core.gns import GNSEstimator, Horizon
 from copus.train.calibrate import branch_noise_scales, reference_run
-from copus.train.plan import GNSPlan
+from copus.train.worker_plan import GNSPlan
 
 HORIZONS = ("progress", "fixed")
 

@@ -28,12 +28,12 @@ from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from copus.parallel.dims import ParallelDims
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
-from copus.train.engine import ParallelModel
 from copus.train.host import release_memory
 from copus.train.local import run_on_gloo_ranks
-from copus.train.plan import OptimizerPlan, WorkerPlan
+from copus.train.parallel_model import ParallelModel
 from copus.train.replica import make_optimizer, train_step
 from copus.train.reshard_in_place import reshard_in_place
+from copus.train.worker_plan import OptimizerPlan, WorkerPlan
 from workloads.flavours import FLAVOURS
 
 CYCLES = {4: [(4, 1, 1), (2, 1, 2), (1, 2, 2), (2, 2, 1)], 8: [(8, 1, 1), (2, 2, 2), (2, 1, 4), (4, 2, 1)]}

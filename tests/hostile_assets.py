@@ -94,7 +94,7 @@ def real_run(root: Path, token_cache: Path) -> Path:
     """An output directory holding two real checkpoints (steps 2 and 4) of the debug model,
     trained in this process, laid out as Ray Train keeps them."""
     from copus.train.local import run_local
-    from copus.train.plan import StopRule
+    from copus.train.worker_plan import StopRule
     from tests.train.loop_helpers import small_plan
 
     plan = small_plan(token_cache, stop=StopRule(max_steps=4), checkpoint_every_steps=2)

@@ -279,7 +279,7 @@ def test_bad_ramps_name_the_field(base_mapping, overrides, message):
 def test_a_ramp_starts_at_its_first_gbs_needs_no_controller_and_travels_in_the_run_plan(base_mapping):
     from copus.cluster.driver import prepare_data
     from copus.core.ramp import BatchRamp
-    from copus.train.plan import plan_from_config
+    from copus.train.worker_plan import plan_from_config
 
     cfg = config_from_mapping(base_mapping, RAMP + [LINEAR, "gns.enabled=false"])  # no noise scale needed
     assert cfg.batch_ramp() == BatchRamp.linear(4, 4, 96, 16)

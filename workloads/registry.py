@@ -1,7 +1,7 @@
 """The model families the engine can build, each registered as a `ModelSpec`: how to lay the
 model out on the meta device, allocate and initialise it, split it for tensor parallelism, cut
 it to a pipeline stage, and carry Hugging Face weights in and out. The engine
-(copus.train.engine) builds whatever spec a flavour's `family` names and never names a model;
+(copus.train.parallel_model) builds whatever spec a flavour's `family` names and never names a model;
 a new family registers a spec here (or from its own module) and touches nothing in copus.train.
 
 The contract a family's model keeps: `model(tokens) -> logits` on the first stage (hidden

@@ -17,7 +17,7 @@ from copus.cluster.launch import prepare_plan
 from copus.config import config_from_mapping
 from copus.parallel.dims import ParallelDims
 from copus.train.data import TokenWindows, TrainStream
-from copus.train.engine import ParallelModel
+from copus.train.parallel_model import ParallelModel
 from tests.cluster.test_controller import _mapping, _write_scripted_profile
 from tests.workloads.hf_helpers import (
     hf_logits,

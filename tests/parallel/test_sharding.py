@@ -21,7 +21,7 @@ from copus.core.layout import CandidateConfig
 from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import GradNormProbe
 from copus.train.checkpoint import load_checkpoint, save_checkpoint
-from copus.train.engine import ParallelModel
+from copus.train.parallel_model import ParallelModel
 from copus.train.reshard_in_place import reshard_in_place
 from tests.train.loop_helpers import RunsByWorld, small_plan, spawn
 

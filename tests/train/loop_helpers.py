@@ -9,7 +9,7 @@ from typing import Callable
 from copus.core.layout import CandidateConfig
 from copus.core.schedule import LRSchedule
 from copus.train.local import run_local, run_on_gloo_ranks
-from copus.train.plan import StopRule, WorkerPlan
+from copus.train.worker_plan import StopRule, WorkerPlan
 from workloads.datasets import prepare_dataset
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from copus.train.local import run_local
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import small_plan
 
 

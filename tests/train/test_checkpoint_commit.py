@@ -12,7 +12,7 @@ import pytest
 from copus.storage import Location
 from copus.train.checkpoint import COMPLETE, checkpoint_problems, newest_complete, resume_candidates
 from copus.train.local import run_local
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import losses, small_plan
 
 

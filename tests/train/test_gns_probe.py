@@ -11,11 +11,11 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from copus.train.checkpoint import load_checkpoint
-from copus.train.engine import token_loss
 from copus.train.gns import measure_gns
 from copus.train.local import run_local
-from copus.train.plan import StopRule
+from copus.train.parallel_model import token_loss
 from copus.train.replica import build_replica
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import small_plan, spawn
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from copus.core.layout import CandidateConfig
 from copus.train.local import run_local
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import losses, small_plan, spawn
 from tests.train.test_reconfigure import Scripted
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from copus.train.local import run_local
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import RunsByWorld, losses, run_distributed_each, small_plan
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 from copus.train.faults import Faults
 from copus.train.loop import NonFiniteLossError
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import losses, run_distributed, run_local, shapes_hook, small_plan
 
 

@@ -19,9 +19,9 @@ from copus.core.memory import (
     stage_params_per_rank,
 )
 from copus.parallel.dims import ParallelDims
-from copus.train.engine import ParallelModel, token_loss
-from copus.train.plan import OptimizerPlan
+from copus.train.parallel_model import ParallelModel, token_loss
 from copus.train.replica import make_optimizer
+from copus.train.worker_plan import OptimizerPlan
 from tests.train.loop_helpers import spawn
 from workloads.flavours import FLAVOURS
 from workloads.llama import keep_stage, materialize, skeleton

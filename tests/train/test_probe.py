@@ -9,8 +9,8 @@ import pytest
 
 from copus.core.reconfiguration import BranchRequest
 from copus.train.local import run_local, run_on_gloo_ranks
-from copus.train.plan import StopRule
 from copus.train.probe import run_probe
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import small_plan
 
 

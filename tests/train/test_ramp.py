@@ -9,7 +9,7 @@ import math
 import torch
 
 from copus.core.ramp import BatchRamp
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import losses, run_local, small_plan
 
 # GBS 4 to 16 by 4 over 24 samples: 8, 12 and 16 from 8, 16 and 24 samples on (dp 1, mbs 2).

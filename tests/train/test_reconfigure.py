@@ -18,9 +18,9 @@ from copus.train.data import replica_batch
 from copus.train.faults import Faults
 from copus.train.host import release_memory
 from copus.train.local import run_local
-from copus.train.plan import StopRule
 from copus.train.replica import build_replica, make_optimizer, train_step
 from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
+from copus.train.worker_plan import StopRule
 from tests.train.loop_helpers import losses, small_plan, spawn
 
 pytestmark = pytest.mark.slow

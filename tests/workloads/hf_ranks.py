@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from copus.parallel.dims import ParallelDims
 from copus.train.checkpoint import save_checkpoint
-from copus.train.engine import ParallelModel
+from copus.train.parallel_model import ParallelModel
 from tests.workloads.hf_helpers import SEQ
 from workloads.hf_config import flavour_from_config
 

@@ -16,10 +16,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from copus.core.layout import stage_layer_ranges
 from copus.parallel.dims import ParallelDims
-from copus.train.engine import ParallelModel
 from copus.train.local import run_on_gloo_ranks
-from copus.train.plan import OptimizerPlan
+from copus.train.parallel_model import ParallelModel
 from copus.train.replica import make_optimizer, train_step
+from copus.train.worker_plan import OptimizerPlan
 from workloads.flavours import ModelFlavour
 from workloads.registry import ModelSpec, model_spec, register_model
 

@@ -51,7 +51,7 @@ from copus.core.transient import transient_table
 from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
 from copus.train.data import num_windows
-from copus.train.plan import WorkerPlan
+from copus.train.worker_plan import WorkerPlan
 
 SCHEMA_VERSION = 1
 # How a continuation's samples to the decrement are read off its validation curve; part of the

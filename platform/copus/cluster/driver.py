@@ -55,7 +55,7 @@ from copus.records import EndRecord
 from copus.storage import RAY_RUN_NAME, StorageError, ray_storage, ray_storage_args
 from copus.tracking import Tracker, flatten
 from copus.train.faults import Faults, FaultSpecError, faults_from_env
-from copus.train.plan import WorkerPlan
+from copus.train.worker_plan import WorkerPlan
 from workloads.corpus import TokenFiles
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from copus.core.layout import CandidateConfig
 from copus.storage import Location
 from copus.tracking import Tracker
 from copus.train.faults import Faults
-from copus.train.plan import WorkerPlan
+from copus.train.worker_plan import WorkerPlan
 from workloads.corpus import TokenFiles
 
 

@@ -21,7 +21,7 @@ from copus.cluster import emulate
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.topology import MESH_ORDER, crossing_dims
 from copus.train.data import num_windows
-from copus.train.plan import WorkerPlan, plan_from_config
+from copus.train.worker_plan import WorkerPlan, plan_from_config
 from workloads.corpus import TokenFiles
 from workloads.datasets import prepare_dataset
 

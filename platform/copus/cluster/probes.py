@@ -34,7 +34,7 @@ from copus.core.probing import ProbeSettings, probe_due, probe_length, run_curve
 from copus.records import ProbeRecord
 from copus.storage import Location, local_copy
 from copus.train.checkpoint import checkpoint_dirs, read_trainer_state
-from copus.train.plan import WorkerPlan
+from copus.train.worker_plan import WorkerPlan
 
 # Why a probe that would pay was not made on a GPU cluster.
 NO_DEVICE_FOR_PROBE = "no GPU free beside the run's workers"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from copus.core.horizon import samples_to_target
 from copus.core.reconfiguration import Reconfiguration
 from copus.records import EvalRecord, Record, StepRecord
-from copus.train.plan import StopRule
+from copus.train.worker_plan import StopRule
 
 
 def _clock(seconds: float) -> str:
@@ -25,16 +26,34 @@ def eta_to_budget(record: StepRecord, stop: StopRule) -> float | None:
     return max(0.0, min(left)) if left else None
 
 
-def progress_line(record: Record, stop: StopRule, last_val: float | None) -> str | None:
-    """The live line of a step or a validation record; None for other kinds."""
+def eta_to_target(record: StepRecord, stop: StopRule, curve: list[tuple[float, float]]) -> float | None:
+    """Seconds until the validation loss reaches the target at the current rate: the samples at
+    which the power law fitted to the validation curve (samples, loss) crosses it, its central
+    estimate (`copus.core.horizon`, the curve the planner weighs a switch's horizon by); None
+    without a target, or while the curve cannot say (too few evaluations, not falling)."""
+    if stop.target_val_loss is None or not record.samples_per_s > 0:
+        return None
+    fit = samples_to_target([s for s, _ in curve], [v for _, v in curve], stop.target_val_loss, 0.0)
+    if fit is None:
+        return None
+    return max(fit[1] - record.samples, 0.0) / record.samples_per_s
+
+
+def progress_line(
+    record: Record, stop: StopRule, last_val: float | None, curve: list[tuple[float, float]] = ()
+) -> str | None:
+    """The live line of a step or a validation record; None for other kinds. `curve`: the
+    validation losses so far with the samples they were read at, for the ETA to the target."""
     if isinstance(record, StepRecord):
-        eta = eta_to_budget(record, stop)
+        budget = eta_to_budget(record, stop)
+        target = eta_to_target(record, stop, list(curve))
         val = f" | val {last_val:.4f}" if last_val is not None else ""
         return (
             f"[{_clock(record.wall_clock_s)}] step {record.step:>5} | loss {record.train_loss:.4f}{val}"
             f" | {record.samples_per_s:.1f} samples/s | dp{record.dp}-tp{record.tp}-pp{record.pp}"
             f" gbs {record.gbs} mbs {record.mbs}"
-            f" | ETA to budget {_clock(eta) if eta is not None else 'n/a'}"
+            f" | ETA to target {_clock(target) if target is not None else 'n/a'}"
+            f", to budget {_clock(budget) if budget is not None else 'n/a'}"
         )
     if isinstance(record, EvalRecord):
         target = f" (target {stop.target_val_loss})" if stop.target_val_loss is not None else ""

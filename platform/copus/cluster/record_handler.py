@@ -41,6 +41,7 @@ class RecordHandler:
         self.starts = 0  # worker-group starts in this launch (a second one: Ray Train restarted a failed group)
         self.last_step = 0
         self.last_val: float | None = None  # the latest validation loss, shown on step lines
+        self.val_curve: list[tuple[float, float]] = []  # (samples, validation loss): the ETA to the target
         self.last_print = 0.0  # time.time() of the last step line
         self.awaiting: Reconfiguration | None = None  # a reconfiguration whose downtime the next step record gives
 
@@ -89,7 +90,7 @@ class RecordHandler:
             self._measure_downtime(r)
         # At most one step line per PRINT_EVERY_S (and every validation): readable on any speed.
         if time.time() - self.last_print >= PRINT_EVERY_S:
-            self.run.echo(progress_line(r, self.run.plan.stop, self.last_val))
+            self.run.echo(progress_line(r, self.run.plan.stop, self.last_val, self.val_curve))
             self.last_print = time.time()
 
     def _measure_downtime(self, r: StepRecord) -> None:
@@ -103,6 +104,8 @@ class RecordHandler:
 
     def on_eval(self, r: EvalRecord) -> None:
         self.last_val = r.val_loss
+        if r.samples is not None:
+            self.val_curve.append((float(r.samples), r.val_loss))
         self.run.echo(progress_line(r, self.run.plan.stop, self.last_val))
 
     def on_checkpoint(self, r: CheckpointRecord) -> None:

@@ -16,8 +16,8 @@ from copus.train.checkpoint import newest_complete, resume_candidates
 from copus.train.faults import Faults
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
-from copus.train.plan import WorkerPlan
 from copus.train.profile import measure_points
+from copus.train.worker_plan import WorkerPlan
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from copus.core.calibration import crossing_unresolved, finer_evaluation, smoothed_crossing
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
-from copus.train.plan import GNSPlan, StopRule, WorkerPlan
+from copus.train.worker_plan import GNSPlan, StopRule, WorkerPlan
 
 # Samples of the data order between seeds: seed k of a continuation reads the data that
 # follows the branch point shifted by k blocks, so the seeds see independent samples.

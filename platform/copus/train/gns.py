@@ -12,8 +12,8 @@ from pathlib import Path
 from copus.core.gns import b_noise_interval
 from copus.train.checkpoint import load_checkpoint
 from copus.train.data import replica_batch
-from copus.train.plan import WorkerPlan
 from copus.train.replica import attach_gns, build_replica
+from copus.train.worker_plan import WorkerPlan
 
 
 def measure_gns(plan: WorkerPlan, steps: int, resume_from: Path | None = None) -> dict:

@@ -20,7 +20,7 @@ from copus.core.layout import CandidateConfig
 from copus.core.reconfiguration import BranchRequest, SwitchOrder
 from copus.train.faults import Faults
 from copus.train.loop import LoopHooks, run_training
-from copus.train.plan import WorkerPlan
+from copus.train.worker_plan import WorkerPlan
 
 
 def persist_into(root: Path) -> Callable[[Path, dict], None]:

@@ -49,10 +49,9 @@ from copus.records import (
 )
 from copus.train.checkpoint import load_checkpoint, read_trainer_state, save_checkpoint
 from copus.train.data import TokenWindows, TrainStream, replica_batch, validation_indices
-from copus.train.engine import ParallelModel
 from copus.train.faults import Faults
 from copus.train.host import release_memory
-from copus.train.plan import WorkerPlan
+from copus.train.parallel_model import ParallelModel
 from copus.train.replica import (
     StepResult,
     attach_gns,
@@ -64,6 +63,7 @@ from copus.train.replica import (
     world_rank_size,
 )
 from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
+from copus.train.worker_plan import WorkerPlan
 from workloads.flavours import ModelFlavour
 
 

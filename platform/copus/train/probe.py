@@ -17,7 +17,7 @@ from pathlib import Path
 from copus.train.calibrate import continuation_mbs, single_process_plan
 from copus.train.checkpoint import read_trainer_state
 from copus.train.loop import LoopHooks, run_training
-from copus.train.plan import StopRule, WorkerPlan
+from copus.train.worker_plan import StopRule, WorkerPlan
 
 NO_EVALUATION = 10**12  # samples between evaluations: none within a probe
 

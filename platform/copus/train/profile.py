@@ -29,8 +29,8 @@ from copus.parallel.agree import agree
 from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord
 from copus.train.data import replica_batch
 from copus.train.host import release_memory
-from copus.train.plan import WorkerPlan
 from copus.train.replica import attach_gns, build_replica, train_step, world_rank_size
+from copus.train.worker_plan import WorkerPlan
 
 
 class InjectedFault(RuntimeError):

@@ -18,8 +18,8 @@ from copus.parallel.dims import ParallelDims
 from copus.parallel.gns_probe import adam_preconditioner
 from copus.parallel.grads import local_grad
 from copus.train.data import TokenWindows, TrainStream, validation_indices
-from copus.train.engine import ParallelModel
-from copus.train.plan import OptimizerPlan, WorkerPlan
+from copus.train.parallel_model import ParallelModel
+from copus.train.worker_plan import OptimizerPlan, WorkerPlan
 
 
 def world_rank_size() -> tuple[int, int]:

@@ -28,9 +28,9 @@ from copus.parallel.agree import all_ranks_ok
 from copus.parallel.dims import ParallelDims, clear_mesh_caches
 from copus.parallel.redistribute import redistribute
 from copus.train.checkpoint import apply_layout_free_state, layout_free_state
-from copus.train.engine import ParallelModel
 from copus.train.host import process_memory
-from copus.train.plan import WorkerPlan
+from copus.train.parallel_model import ParallelModel
+from copus.train.worker_plan import WorkerPlan
 
 
 class ReshardFailed(RuntimeError):
