@@ -20,24 +20,15 @@ from pathlib import Path
 
 from smoke import parse_args
 
-from copus.core.comparison import gain_share, paired_log_ratio, share_interval_text
-
-# Repeats of the k-th file are renumbered k * REPEAT_STRIDE + repeat, so no two suites share one.
-REPEAT_STRIDE = 10_000
+from copus.core.comparison import gain_share, paired_log_ratio, pooled_runs, share_interval_text
 
 
-def pooled_runs(files: list[Path], policies: set[str]) -> list[dict]:
-    """The runs of these policies from every file, their repeats made distinct across files."""
-    runs = []
-    for k, path in enumerate(files):
-        data = json.loads(path.read_text())
-        missing = policies - {r["policy"] for r in data["runs"]}
-        if missing:
-            raise SystemExit(f"{path}: no runs of {sorted(missing)}")
-        for r in data["runs"]:
-            if r["policy"] in policies:
-                runs.append({**r, "repeat": k * REPEAT_STRIDE + r["repeat"], "suite": data.get("suite", str(path))})
-    return runs
+def read_suites(files: list[Path], policies: set[str]) -> list[dict]:
+    """The pooled runs of these policies from every file (copus.core.comparison.pooled_runs)."""
+    try:
+        return pooled_runs([(str(path), json.loads(path.read_text())) for path in files], policies)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def _percent(x: float | None) -> str:
@@ -57,7 +48,7 @@ def main() -> None:
     parser.add_argument("--baseline", default="static")
     parser.add_argument("--draws", type=int, default=4000, help="bootstrap draws of the share's interval")
     args = parse_args(parser, {"draws": 200})
-    runs = pooled_runs(args.files, {args.ours, args.reference, args.baseline})
+    runs = read_suites(args.files, {args.ours, args.reference, args.baseline})
     rows = {
         f"{args.ours} vs {args.baseline}": paired_log_ratio(runs, args.baseline, args.ours),
         f"{args.reference} vs {args.baseline}": paired_log_ratio(runs, args.baseline, args.reference),

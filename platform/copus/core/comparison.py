@@ -237,6 +237,26 @@ def best_baseline(stats: dict, baselines: list[str]) -> str | None:
     return min(done, key=lambda b: stats[b]["mean_log_time_to_target"]) if done else None
 
 
+# Repeats of the k-th pooled suite are renumbered k * REPEAT_STRIDE + repeat, so no two share one.
+REPEAT_STRIDE = 10_000
+
+
+def pooled_runs(suites: list[tuple[str, dict]], policies: set[str]) -> list[dict]:
+    """The runs of `policies` from several suites' comparison.json (each a (name, document) pair),
+    their repeats made distinct across suites: each suite stays paired within itself (the runs of a
+    seed ran back to back), so pooling adds seeds without pairing runs from different days.
+    ValueError naming the suite when one has no run of a policy."""
+    runs = []
+    for k, (name, data) in enumerate(suites):
+        missing = policies - {r["policy"] for r in data["runs"]}
+        if missing:
+            raise ValueError(f"{name}: no runs of {sorted(missing)}")
+        for r in data["runs"]:
+            if r["policy"] in policies:
+                runs.append({**r, "repeat": k * REPEAT_STRIDE + r["repeat"], "suite": data.get("suite", name)})
+    return runs
+
+
 def paired_log_ratio(runs: list[dict], baseline: str, ours: str = "copus") -> dict:
     """`ours` against one baseline, repeat by repeat (same seed): log(t_baseline / t_ours), its
     mean with a 95% Student-t interval, and the speedup they imply (exp − 1).
