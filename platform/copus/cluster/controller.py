@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import ray
 
+from copus.cluster.controller_probes import ControllerProbes, ProbeNews
 from copus.cluster.monitor import RecordQueue
-from copus.cluster.probes import NO_DEVICE_FOR_PROBE, Probes, ProbeSource
+from copus.cluster.probes import ProbeSource
 from copus.core.decision_rule import critical_batch_log_sd
 from copus.core.finite import finite_json
 from copus.core.horizon import rest_of_run
 from copus.core.layout import CandidateConfig
-from copus.core.planner import Planner, RuleSettings, SwitchCosts
+from copus.core.planner import Decision, Planner, RuleSettings, SwitchCosts
 from copus.core.policies import decide
-from copus.core.probing import ProbeSettings, decision_stake, probe_gbs, probe_length, probe_value
+from copus.core.probing import ProbeSettings
 from copus.core.reconfiguration import (
     BranchRequest,
     Reconfiguration,
@@ -33,7 +34,7 @@ from copus.core.reconfiguration import (
     SwitchOrder,
     order_from_decision,
 )
-from copus.records import CheckpointRecord, EvalRecord, ProbeRecord, ReconfigureRecord, StepRecord, parse_record
+from copus.records import EvalRecord, ReconfigureRecord, StepRecord, parse_record
 from copus.storage import Location
 
 
@@ -90,7 +91,7 @@ class Controller(RecordQueue):
         self.base_planner = spec.planner()
         self.planner = self.base_planner
         on = spec.probes is not None and probe_source is not None
-        self.probes = Probes(spec.probes, probe_source, spec.critical_factor) if on else None
+        self.probes = ControllerProbes(spec.probes, probe_source, spec.critical_factor) if on else None
         self.last_val_loss = float("nan")  # the run's progress, for a mapping that depends on it
         self.curve: list[tuple[float, float]] = []  # (samples, validation loss): the rest of the run is read off it
         # The one owner of what a switch costs: the planner charges it, measured switches update it.
@@ -142,6 +143,8 @@ class Controller(RecordQueue):
         return measured
 
     def push(self, record: dict) -> None:
+        """Take one of rank 0's records: learn from it, decide when an interval has passed, and
+        hand it to the probes."""
         super().push(record)
         r = parse_record(record)
         if isinstance(r, EvalRecord):
@@ -157,48 +160,25 @@ class Controller(RecordQueue):
                 self._learn(self.awaiting)
                 self.awaiting = None
             self._observe(r)
-            self._follow_probe(r)
-        elif isinstance(r, CheckpointRecord) and r.branch and self.probes is not None:
-            self._start_probe(r)
-
-    def _start_probe(self, r: CheckpointRecord) -> None:
-        """The branch checkpoint asked for is written: the probe starts from it."""
-        last = self.history[-1] if self.history else {}
-        self._report(self.probes.launch(r.step, r.samples or 0, int(last.get("gbs") or 0), r.wall_clock_s))
-        self._save()
-
-    def _follow_probe(self, r: StepRecord) -> None:
-        """A probe that finished (or failed), and once the run's own curve is as long: the
-        measurement, the belief it updates and the planner at the belief's c."""
         if self.probes is not None:
-            self._probe_progress(r.step, r.wall_clock_s, ended=False)
+            self._take(self.probes.on_record(r, self.history))
 
     def settle_probes(self, timeout_s: float) -> None:
         """The run ended: a probe still training gets `timeout_s` to finish, then whatever was
         measured is set against the run's curve as far as it went (summary.json's belief then has
         every probe the run paid for; its time to target is already taken)."""
-        if self.probes is None or not self.history:
-            return
-        self.probes.settle(timeout_s)
-        last = self.history[-1]
-        self._probe_progress(last["step"], last["wall_clock_s"], ended=True)
-        self._save()
+        if self.probes is not None:
+            self._take(self.probes.settle_run(timeout_s, self.history))
 
-    def _probe_progress(self, step: int, wall_clock_s: float, ended: bool) -> None:
-        """Collect a probe that finished, measure one whose run curve is complete (or the run
-        `ended`), and move the planner to the belief's c when a measurement came in."""
-        self._report(self.probes.collect(step, wall_clock_s))
-        measured = self.probes.measure(self.history, step, wall_clock_s, ended=ended)
-        if measured is None:
-            return
-        self.planner = self.base_planner.with_critical_factor(self.probes.belief.factor)
-        self._report(measured)
-        self._save()
-
-    def _report(self, record: ProbeRecord | None) -> None:
-        """A probe's record into the queue (only queued: the driver logs and prints it)."""
-        if record is not None:
+    def _take(self, news: ProbeNews) -> None:
+        """The probes' records into the queue (the driver logs and prints them), the planner at
+        the belief's c when a measurement came in."""
+        for record in news.records:
             RecordQueue.push(self, record.as_dict())
+        if news.factor is not None:
+            self.planner = self.base_planner.with_critical_factor(news.factor)
+        if news.save:
+            self._save()
 
     def _learn(self, change: Reconfiguration) -> None:
         """A switch the workers made (the records rank 0 sends): what it says about the next."""
@@ -246,13 +226,27 @@ class Controller(RecordQueue):
             source = self.planner.mapping.source
             self.pending = order_from_decision(d, b_noise, critical, self.last_val_loss, source, self.book.way)
         elif self.probes is not None and self.probes.may_start(r.samples):
-            self._consider_probe(r, b_noise)
+            probe = self.probes.consider(
+                r, b_noise, self.base_planner, self._decide_at(r, b_noise), self.last_val_loss, self._run_speed()
+            )
+            if probe is not None:
+                self.evaluations[-1]["probe"] = probe
+
+    def _decide_at(self, r: StepRecord, b_noise: float):
+        """The decision now with another planner (c set at one end of the belief: only the noise
+        estimate's uncertainty is left)."""
+
+        def decide_at(planner: Planner) -> Decision | None:
+            context = self._decision_context(r, b_noise, 0.0)
+            return decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
+
+        return decide_at
 
     def _factor_log_sd(self, samples: float) -> float:
         """sd of log c now: the probes' belief (drifted to the present), a calibration's interval
         at the run's progress, else the prior's."""
         if self.probes is not None:
-            return self.probes.belief.drifted(samples, self.spec.probes.drift_sd).sd
+            return self.probes.factor_log_sd(samples)
         measured = self.planner.mapping.log_b_crit_sd(self.last_val_loss)
         return measured if measured is not None else self.spec.factor_log_sd
 
@@ -273,43 +267,6 @@ class Controller(RecordQueue):
         sd = critical_batch_log_sd(factor_log_sd) if math.isfinite(b_noise) else 0.0
         return {"loss": self.last_val_loss, "elapsed_s": r.wall_clock_s, "horizon": horizon, "log_b_crit_sd": sd}
 
-    def _consider_probe(self, r: StepRecord, b_noise: float) -> None:
-        """Probe when the decision hangs on c (at the belief's low and high quantiles of c the
-        policy would leave the run at different GBS) and the probe pays for itself
-        (copus.core.probing); the last evaluation says why not when it does not."""
-        settings = self.spec.probes
-        belief = self.probes.belief.drifted(r.samples, settings.drift_sd)
-        planners, actions = [], []
-        for c in belief.interval(settings.quantile_z):
-            planner = self.base_planner.with_critical_factor(c)
-            # c is set at each end of the belief: only the noise estimate's uncertainty is left
-            context = self._decision_context(r, b_noise, 0.0)
-            d = decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
-            if d is None:
-                return
-            planners.append(planner)
-            actions.append(d.best.config if d.switch else r.config())  # where the run would be after it
-        gbs = probe_gbs(r.gbs, actions[0].gbs, actions[1].gbs)
-        if gbs is None:
-            return
-        stake = decision_stake(
-            tuple(self._goodput(p, a, b_noise) for p, a in zip(planners, actions)),
-            tuple(self._goodput(p, a, b_noise) for p, a in zip(planners, reversed(actions))),
-        )
-        length = probe_length(settings, r.samples, gbs, r.gbs)
-        value = probe_value(settings, stake, r.wall_clock_s, length, self._run_speed())
-        self.evaluations[-1]["probe"] = {"gbs": gbs, **value.as_dict()}
-        if value.worth and not self.probes.device_free():
-            self.evaluations[-1]["probe"]["not_started"] = NO_DEVICE_FOR_PROBE
-        elif value.worth:
-            self.probes.want(gbs, b_noise)
-
-    def _goodput(self, planner: Planner, config: CandidateConfig, b_noise: float) -> float:
-        try:
-            return planner.score(config, b_noise, self.last_val_loss).goodput
-        except KeyError:  # not a candidate of the planner's
-            return math.nan
-
     def _run_speed(self, steps: int = 20) -> float:
         """The run's samples per second of training over its last `steps` steps (NaN unknown)."""
         recent = [h for h in self.history[-steps:] if h.get("step_time_s")]
@@ -323,9 +280,7 @@ class Controller(RecordQueue):
         if out is not None:
             self._save()
             return out
-        if self.probes is not None and self.probes.branch_request():
-            return BranchRequest(f"probe at GBS {self.probes.wanted}")
-        return None
+        return self.probes.branch_order() if self.probes is not None else None
 
     def costs(self) -> SwitchCosts:
         return self.book.costs()
@@ -340,8 +295,7 @@ class Controller(RecordQueue):
             "steps_observed": len(self.history),
             "evaluations": self.evaluations[-200:],
             # The belief about c the probes built (copus.core.belief), with every measurement.
-            "belief": self.probes.belief.as_dict() if self.probes is not None else None,
-            "probes_started": list(self.probes.started) if self.probes is not None else [],
+            **(self.probes.snapshot() if self.probes is not None else {"belief": None, "probes_started": []}),
             # Decisions that hung on c where a probe would not have paid for itself (copus.core.probing).
             "probes_declined": sum(1 for e in self.evaluations if e.get("probe", {}).get("worth") is False),
         }

@@ -30,24 +30,33 @@ def setup_controller(
     configuration. Profiles first when no table exists. B0 of the efficiency and of the noise
     scale is optimizer.reference_gbs, the GBS the base LR is right for."""
     table, model = load_or_profile(cfg, echo)
-    throughputs = predicted_throughputs(table, model, feasible_space(cfg, table))
-    echo(
-        f"profile: {len(table.measured())} configurations measured in {cfg.resolved_profile_dir()}; the controller "
-        f"chooses among {len(throughputs)} memory-feasible ones"
-    )
     known = data_fingerprint is not None and cfg.calibration.use
     calibration = load_calibration(cfg, data_fingerprint) if known else None
+    spec = controller_spec(cfg, table, model, calibration, b_noise_script)
+    echo(
+        f"profile: {len(table.measured())} configurations measured in {cfg.resolved_profile_dir()}; the controller "
+        f"chooses among {len(spec.throughputs)} memory-feasible ones"
+    )
     if calibration is not None:
         levels = ", ".join(f"{_fmt(b['b_crit'])} at val loss {b['val_loss']:.2f}" for b in calibration["branch_points"])
         echo(
             f"efficiency from the calibration {calibration_path(cfg, data_fingerprint).name} (measured critical "
             f"batch {levels})"
         )
-    b0 = cfg.optimizer.reference_gbs
-    spec = ControllerSpec(
+    return spec, initial_config(cfg.policy.name, spec.planner(), cfg.start_config(), cfg.policy.layout)
+
+
+def controller_spec(
+    cfg: ExperimentConfig, table, model, calibration: dict | None, b_noise_script: tuple | None = None
+) -> ControllerSpec:
+    """The controller's inputs from the experiment, its profile table and step-time model, and
+    the workload's calibration (or None): what a run's controller gets, and what a replay of its
+    records (copus.cluster.replay) rebuilds it from."""
+    throughputs = predicted_throughputs(table, model, feasible_space(cfg, table))
+    return ControllerSpec(
         policy=cfg.policy.name,
         throughputs=tuple(throughputs.items()),
-        b0=b0,
+        b0=cfg.optimizer.reference_gbs,
         efficiency=cfg.policy.efficiency,
         critical_factor=cfg.gns.critical_factor,
         threshold=cfg.policy.threshold,
@@ -62,7 +71,6 @@ def setup_controller(
         target_loss=cfg.stop.target_val_loss,
         factor_log_sd=cfg.policy.probes.prior_sd,
     )
-    return spec, initial_config(cfg.policy.name, spec.planner(), cfg.start_config(), cfg.policy.layout)
 
 
 def probe_settings(cfg: ExperimentConfig, calibrated: bool) -> ProbeSettings | None:
