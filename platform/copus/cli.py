@@ -64,6 +64,11 @@ def _add_training_commands(sub) -> None:
         "--json", action="store_true", help="print comparison.json to stdout at the end (progress on stderr)"
     )
     p.add_argument("--quiet", action="store_true", help="print only the final table")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the suite in its output_dir: keep its tuning choice and complete repeats, run the rest",
+    )
 
 
 def _add_analysis_commands(sub) -> None:
@@ -350,7 +355,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     try:
         with _json_stdout(args) as print_json:
-            result = run_comparison(suite, experiment, args.overrides, _echo(args))
+            result = run_comparison(suite, experiment, args.overrides, _echo(args), resume=args.resume)
             if args.json:
                 print_json(result, indent=2)
                 return 0

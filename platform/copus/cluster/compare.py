@@ -18,9 +18,10 @@ before the first evaluation run starts; the winners then run beside the policies
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
+from copus.cluster.compare_resume import ResumePoint, resume_point, suite_fingerprint
 from copus.cluster.driver import run_experiment
 from copus.cluster.run_state import read_records_log
 from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
@@ -62,6 +63,8 @@ class _Suite:
     tracker: Tracker
     parent: str
     echo: Callable[[str], None]
+    fingerprint: str = ""  # copus.cluster.compare_resume.suite_fingerprint
+    resume: ResumePoint = field(default_factory=ResumePoint)
 
     def run(self, cfg: ExperimentConfig, tags: dict[str, str]) -> tuple[dict, float]:
         """One run as a child of the parent (its MLflow tags set once it ends): its summary and
@@ -81,14 +84,25 @@ class _Suite:
             "mlflow_experiment_id": self.tracker.experiment_id,
             "mlflow_view_key": f"compare-{self.parent}",
             "mlflow_tracking_uri": self.tracker.uri,
+            "suite_fingerprint": self.fingerprint,
         }
 
 
 def run_comparison(
-    suite: SuiteConfig, experiment: dict, overrides: list[str], echo: Callable[[str], None] = print
+    suite: SuiteConfig,
+    experiment: dict,
+    overrides: list[str],
+    echo: Callable[[str], None] = print,
+    resume: bool = False,
 ) -> dict:
+    """Run the suite (`resume`: keep the whole units an interrupted run of it finished,
+    copus.cluster.compare_resume)."""
     out = Location.parse(suite.output_dir)
     out.mkdir()
+    fingerprint = suite_fingerprint(suite, experiment, overrides)
+    point = resume_point(out, fingerprint) if resume else ResumePoint()
+    if resume:
+        echo(f"== {suite.name}: resuming from {out / 'comparison.json'}: {point.kept()}")
     base = config_from_mapping(experiment, suite.set + overrides)
     tracker = Tracker(base.resolved_tracking_uri(), base.tracking.experiment)
     parent = tracker.start_run(
@@ -96,7 +110,8 @@ def run_comparison(
         flatten({"suite": suite.model_dump(mode="json")}),
         {"kind": "comparison", "copus.output_dir": str(out)},
     )
-    ctx = _Suite(suite, experiment, overrides, base, out, suite_table_dir(suite, base), tracker, parent, echo)
+    table_dir = suite_table_dir(suite, base)
+    ctx = _Suite(suite, experiment, overrides, base, out, table_dir, tracker, parent, echo, fingerprint, point)
     try:
         tuning, tuned = _tune(ctx)
         result = _evaluate(ctx, tuning, tuned)
@@ -116,10 +131,16 @@ def _tune(ctx: _Suite) -> tuple[dict | None, dict[str, TuningCandidate]]:
     candidates = {c.name: c for c in tuning_candidates(ctx.suite, ctx.base)}
     if not candidates:
         return None, {}
+    if ctx.resume.tuning is not None:  # chosen (and written down) before: kept as it was
+        tuning = ctx.resume.tuning
+        return tuning, {entry: candidates[name] for entry, name in tuning["chosen"].items() if name}
     rows: list[dict] = []
     orders = [_order(ctx.suite, list(candidates), k) for k in range(len(ctx.suite.tuning_seeds))]
     tuning = {"seeds": ctx.suite.tuning_seeds, "rule": CHOICE_RULE, "run_order": orders, "runs": rows}
     for k, (seed, order) in enumerate(zip(ctx.suite.tuning_seeds, orders)):
+        if k in ctx.resume.tuning_rows:
+            rows.extend(ctx.resume.tuning_rows[k])
+            continue
         for position, name in enumerate(order):
             label = f"tuning/{name}/s{seed}"
             ctx.echo(f"== {ctx.suite.name}: tuning {name}, seed {seed} ({k + 1}/{len(orders)})")
@@ -146,8 +167,10 @@ def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate
     orders = [_order(suite, entries, r) for r in range(suite.evaluation_repeats)]
     runs: list[dict] = []
     summaries: dict[tuple[str, int], dict] = {}
-    result: dict = {}
     for repeat, order in enumerate(orders):
+        if repeat in ctx.resume.repeats:
+            runs.extend(ctx.resume.repeats[repeat])
+            continue
         for position, entry in enumerate(order):
             seed = suite.run_seed(ctx.base.workload.seed, repeat, entries.index(entry))
             run_dir = ctx.out / entry / f"r{repeat}"
@@ -164,8 +187,9 @@ def _evaluate(ctx: _Suite, tuning: dict | None, tuned: dict[str, TuningCandidate
             add_counterfactual_audits(
                 runs, summaries, entries, lambda out: read_records_log(Location.parse(out)), ctx.echo
             )
-            result = _result(ctx, entries, orders, runs, tuning)
-            _write(ctx, result)
+            _write(ctx, _result(ctx, entries, orders, runs, tuning))
+    result = _result(ctx, entries, orders, runs, tuning)
+    _write(ctx, result)
     return result
 
 
