@@ -5,7 +5,7 @@ import json
 import pytest
 
 from copus.cluster.compare_resume import resume_point
-from copus.config import ConfigError
+from copus.config import ConfigError, load_config
 from copus.storage import Location
 
 
@@ -37,3 +37,54 @@ def test_nothing_to_resume_from_is_a_fresh_start_and_another_suites_file_is_refu
     (tmp_path / "comparison.json").write_text("{cut sh")
     with pytest.raises(ConfigError, match="cannot resume from it"):
         resume_point(Location.parse(str(tmp_path)), "f")
+
+
+def test_a_repeat_cut_short_runs_again_from_its_first_run_and_whole_ones_are_kept(tmp_path):
+    """The evaluation loop of `copus compare` (its runs replaced by a recorder: what is tested is
+    which runs a resumed suite makes, not training) keeps repeat 0 and reruns all of repeat 1."""
+    import yaml
+
+    from copus.cluster.compare import _evaluate, _Suite
+    from copus.cluster.compare_resume import suite_fingerprint
+    from copus.config import load_suite
+    from tests.conftest import REPO
+
+    path = tmp_path / "suite.yaml"
+    suite_doc = {"experiment": str(REPO / "experiments" / "tradeoff_cpu.yaml"), "policies": ["copus", "static"]}
+    path.write_text(yaml.safe_dump({**suite_doc, "evaluation_seeds": [5, 6], "output_dir": str(tmp_path / "out")}))
+    suite, experiment = load_suite(path)
+    fingerprint = suite_fingerprint(suite, experiment, [])
+    started: list[str] = []
+
+    class Recorded(_Suite):
+        def run(self, cfg, tags):
+            started.append(cfg.tracking.run_name)
+            summary = {
+                "time_to_target_s": 1.0, "time_to_target_without_eval_s": 1.0, "reached_target": True,
+                "final_val_loss": 2.0, "samples": 10, "reconfigurations": [], "wall_clock_s": 1.0,
+                "initial_layout": cfg.start_config().as_dict(), "layout": cfg.start_config().as_dict(),
+                "mlflow_run_id": cfg.tracking.run_name, "output_dir": str(cfg.output_dir),
+            }  # fmt: skip
+            return summary, 0.0
+
+    class Tracker:
+        experiment_id, uri = "0", "sqlite:///none"
+
+    out = Location.parse(str(tmp_path / "out"))
+    out.mkdir()
+    base = load_config(REPO / "experiments" / "tradeoff_cpu.yaml")
+
+    def evaluate() -> dict:
+        point = resume_point(out, fingerprint)
+        ctx = Recorded(suite, experiment, [], base, out, str(tmp_path), Tracker(), "p", print, fingerprint, point)
+        return _evaluate(ctx, None, {})
+
+    first = evaluate()
+    assert len(started) == 4
+    cut = {**first, "runs": first["runs"][:3]}  # repeat 1's second run never finished
+    (tmp_path / "out" / "comparison.json").write_text(json.dumps(cut))
+    started.clear()
+    resumed = evaluate()
+    assert started == [f"{suite.name}/{p}/r1" for p in first["run_order"]["repeats"][1]]
+    assert [r for r in resumed["runs"] if r["repeat"] == 0] == [r for r in first["runs"] if r["repeat"] == 0]
+    assert len(resumed["runs"]) == 4 and resumed["suite_fingerprint"] == fingerprint
