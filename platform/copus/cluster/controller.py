@@ -236,8 +236,9 @@ class Controller(RecordQueue):
         """The decision now with another planner (c set at one end of the belief: only the noise
         estimate's uncertainty is left)."""
 
+        context = self._decision_context(r, b_noise, 0.0)  # the same whatever the planner: read once
+
         def decide_at(planner: Planner) -> Decision | None:
-            context = self._decision_context(r, b_noise, 0.0)
             return decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
 
         return decide_at
