@@ -17,7 +17,7 @@ import time
 
 from smoke import parse_args
 
-from copus.core.simulator import search_space, simulate
+from copus.core.simulator import planner_view, search_space, simulate
 from copus.sim.config import load_sim_config, setting_from
 
 
@@ -39,15 +39,16 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     setting = setting_from(cfg)
     space = search_space(setting)
+    view = planner_view(setting, space)  # the profile the planner reads, fitted once
     t_space = time.perf_counter() - t0
     print(
-        f"{cfg.name}: {len(space[0])} feasible configurations scored in {t_space:.2f} s; truth: "
+        f"{cfg.name}: {len(space[0])} feasible configurations scored and profiled in {t_space:.2f} s; truth: "
         f"{setting.critical.source}; planner's mapping error x{cfg.estimate.mapping_error:g}"
     )
     total = t_space
     for policy in cfg.policies:
         t = time.perf_counter()
-        r = simulate(setting, policy, space)
+        r = simulate(setting, policy, space, view)
         spent = time.perf_counter() - t
         total += spent
         ttt = f"{r.time_to_target_s / 3600:.1f} h" if r.time_to_target_s is not None else "not reached"

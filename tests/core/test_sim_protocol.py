@@ -88,7 +88,8 @@ def test_the_protocol_sets_copus_against_the_best_baseline_and_copus_gbs(small):
     out = run_protocol(s, space, ["static", "cbs-pessimistic"], seeds=2, lengths=(0.3,))
     assert out["seeds"] == [0, 1]
     stats = out["policies"]
-    baselines = ["static", "cbs-pessimistic", "tuned-static", "tuned-ramp"]
+    users = ["user-static@0.5x", "user-ramp@0.5x", "user-static@2x", "user-ramp@2x"]
+    baselines = ["static", "cbs-pessimistic", "tuned-static", "tuned-ramp", *users]
     assert set(stats) == {*baselines, "copus", "copus-gbs"}
     assert all(stats[p]["runs"] == 2 for p in stats)
     means = {p: stats[p]["time_to_target_s"] for p in baselines}

@@ -55,6 +55,7 @@ from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
 from copus.core.reconfiguration import reversed_switches
 from copus.core.search import candidates, gbs_grid, valid_layouts
+from copus.core.sim_view import PlannerView, ProfileSampling, profiled_view
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
 BF16 = 2
@@ -119,6 +120,11 @@ class CriticalBatch:
     def source(self) -> str:
         return "flat" if self.flat_tokens is not None else "published fit (Kaplan et al. 2020)"
 
+    def scaled(self, factor: float) -> "CriticalBatch":
+        """The same law with every critical batch `factor` times larger (a user's guess off by it)."""
+        flat = self.flat_tokens * factor if self.flat_tokens is not None else None
+        return replace(self, b_star_tokens=self.b_star_tokens * factor, flat_tokens=flat)
+
     def tokens(self, loss: float) -> float:
         if self.flat_tokens is not None:
             return self.flat_tokens
@@ -151,6 +157,10 @@ class CalibratedCriticalBatch:
             if p.get("b_crit") is not None
         )
         return cls(tuple(x for x, _ in pairs), tuple(y for _, y in pairs), source)
+
+    def scaled(self, factor: float) -> "CalibratedCriticalBatch":
+        """Every branch point's critical batch `factor` times larger."""
+        return replace(self, b_crit_tokens=tuple(b * factor for b in self.b_crit_tokens))
 
     def tokens(self, loss: float) -> float:
         return float(np.interp(loss, self.losses, self.b_crit_tokens))
@@ -481,6 +491,9 @@ class Setting:
     dp_shard: tuple[str, ...] = ("none", "optimizer", "full")  # what the planner may choose besides the layout
     recompute: tuple[str, ...] = ("none", "selective", "full")
     ramp: BatchRamp | None = None  # the ramp policy's schedule
+    # How the planner's step-time table is made (copus.core.sim_view): exact, the truth's own, by
+    # default here; `copus simulate` profiles the simulated cluster unless told otherwise.
+    profile: ProfileSampling = ProfileSampling(exact=True)
 
     def truth_curve(self) -> LossCurve:
         """The loss curve the truth follows: capped at ln(vocab) unless the setting names a cap."""
@@ -518,10 +531,18 @@ def search_space(
     return cands, np.array([c.gbs / step_time(s.cluster, s.shape, s.seq_len, c) for c in cands])
 
 
-def make_planner(s: Setting, cands: list[CandidateConfig], throughputs: np.ndarray):
+def planner_view(s: Setting, space: tuple[list[CandidateConfig], np.ndarray], seed: int | None = None) -> PlannerView:
+    """The step-time table the planner reads (`s.profile`), its timing noise drawn with `seed`
+    (default the estimate's: each evaluation seed profiles the cluster anew)."""
+    cands, throughputs = space
+    return profiled_view(s.shape, cands, throughputs, s.profile, s.estimate.seed if seed is None else seed)
+
+
+def make_planner(s: Setting, view: PlannerView):
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
+    rule = replace(s.rule, throughput_log_sd=view.throughput_log_sd)
     return planner_module.Planner.from_table(
-        dict(zip(cands, throughputs)), s.start.gbs, s.form, s.critical_factor, s.threshold, rule=s.rule
+        view.throughputs, s.start.gbs, s.form, s.critical_factor, s.threshold, rule=rule
     )
 
 
@@ -535,11 +556,16 @@ def admits_ramp(cfg: CandidateConfig, ramp: BatchRamp, shape: ModelShape) -> boo
     )
 
 
-def ramp_config(s: Setting, ramp: BatchRamp) -> CandidateConfig:
+def ramp_config(s: Setting, ramp: BatchRamp, view: PlannerView | None = None) -> CandidateConfig:
     """Where a ramp trains, as Megatron-LM's: one layout and MBS for the whole run, the ones of
     best throughput at the ramp's final GBS (where most of a run's samples go) among those that
-    admit every GBS of the ramp; only the micro-batches per step change."""
-    cands, throughputs = search_space(s, gbs_values=[ramp.final_gbs])
+    admit every GBS of the ramp; only the micro-batches per step change. Throughput as `view`
+    reads it (a profile), else the truth's."""
+    if view is None:
+        cands, throughputs = search_space(s, gbs_values=[ramp.final_gbs])
+    else:
+        cands = [c for c in view.throughputs if c.gbs == ramp.final_gbs]
+        throughputs = np.array([view.throughputs[c] for c in cands])
     fit = [i for i, c in enumerate(cands) if admits_ramp(c, ramp, s.shape)]
     if not fit:
         raise ValueError(f"ramp: no configuration of the search space admits every GBS of the ramp ({ramp.describe()})")
@@ -738,20 +764,29 @@ def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:
             run.timeline.append(run.point(float("nan")))
 
 
-def simulate(s: Setting, policy: str, space: tuple[list[CandidateConfig], np.ndarray] | None = None) -> SimResult:
+def simulate(
+    s: Setting,
+    policy: str,
+    space: tuple[list[CandidateConfig], np.ndarray] | None = None,
+    view: PlannerView | None = None,
+) -> SimResult:
     """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
-    The truth (`TrainingModel`) advances every step; at every decision the policy sees the
-    noise-scale estimate `s.estimate` draws from the truth. `ramp` follows `s.ramp`."""
-    cands, throughputs = space or search_space(s)
+    The truth (`TrainingModel`, the step times of `space`) advances every step; every choice of
+    a configuration reads `view` (default `planner_view`: the setting's profile at the
+    estimate's seed); at every decision the policy sees the noise-scale estimate `s.estimate`
+    draws from the truth. `ramp` follows `s.ramp`."""
+    space = space or search_space(s)
+    cands, throughputs = space
     step_times = {c: c.gbs / t for c, t in zip(cands, throughputs)}
+    view = view or planner_view(s, space)
     if policy == "ramp":
         if s.ramp is None:
             raise ValueError("policies: 'ramp' needs a ramp schedule (the simulation YAML's ramp section)")
-        first = ramp_config(s, s.ramp)
+        first = ramp_config(s, s.ramp, None if view.report.get("exact") else view)
         run = _Run(s, policy, first, first, step_times)
         _follow_ramp(run, s.ramp)
         return run.result()
-    plan = make_planner(s, cands, throughputs)
+    plan = make_planner(s, view)
     start = s.start if s.start in step_times else min(cands, key=lambda c: abs(math.log(c.gbs / s.start.gbs)))
     run = _Run(s, policy, start, policies.initial_config(policy, plan, start, "best"), step_times)
     _follow_policy(run, plan)

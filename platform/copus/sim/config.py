@@ -36,6 +36,7 @@ from copus.core.planner import RuleSettings
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.ramp import BatchRamp
 from copus.core.sim_protocol import RAMP_LENGTHS
+from copus.core.sim_view import ProfileSampling
 from copus.core.simulator import (
     MAX_STEPS,
     CalibratedCriticalBatch,
@@ -189,6 +190,30 @@ class SimRamp(Section):
         return self
 
 
+class SimProfile(Section):
+    """How the planner's step-time table is made (copus.core.sim_view): a profile of the
+    simulated cluster as `copus profile` makes one (points spread over each layout and MBS while
+    budget_h of the cluster lasts, each the true step time off by timing_noise, the model fitted
+    to them elsewhere), redrawn at every seed; exact: the truth's own table (before issue 42)."""
+
+    exact: bool = False
+    timing_noise: float = Field(0.02, ge=0.0, le=1.0)  # sd of log of a measured step time
+    gbs_per_shape: int = Field(3, ge=1)
+    max_microbatches: int | None = Field(16, ge=1)
+    budget_h: float = Field(4.0, gt=0.0)
+    steps_per_point: int = Field(4, ge=1)  # warm-up and timed steps
+
+    def sampling(self) -> ProfileSampling:
+        return ProfileSampling(
+            self.exact,
+            self.timing_noise,
+            self.gbs_per_shape,
+            self.max_microbatches,
+            self.budget_h * 3600,
+            self.steps_per_point,
+        )
+
+
 class SimProtocol(Section):
     """The comparison protocol (copus.core.sim_protocol): tuned static over every GBS of the
     grid, tuned ramp over the grid's final GBS and `ramp_lengths` (shares of the samples the
@@ -215,6 +240,7 @@ class SimConfig(Section):
     parallel: SimParallel | None = None  # the starting layout; default: data parallel over the cluster
     search: SimSearch = SimSearch()
     policy: SimPolicy = SimPolicy()
+    profile: SimProfile = SimProfile()
     reconfigure: Literal["in_place", "restart"] = "in_place"
     costs: SimCosts = SimCosts()
     training: SimTraining
@@ -365,4 +391,5 @@ def setting_from(cfg: SimConfig) -> Setting:
         dp_shard=tuple(cfg.search.dp_shard),
         recompute=tuple(cfg.search.recompute),
         ramp=cfg.ramp.schedule() if cfg.ramp is not None else None,
+        profile=cfg.profile.sampling(),
     )

@@ -11,14 +11,15 @@ from __future__ import annotations
 from copus.core.comparison import summarize
 from copus.core.layout import CandidateConfig
 from copus.core.sim_protocol import run_protocol
-from copus.core.simulator import best_layout_by_gbs, search_space, simulate
+from copus.core.simulator import best_layout_by_gbs, planner_view, search_space, simulate
 from copus.sim.config import SimConfig, setting_from
 
 
 def run_simulation(cfg: SimConfig) -> dict:
     setting = setting_from(cfg)
     space = search_space(setting)
-    results = {p: simulate(setting, p, space) for p in cfg.policies}
+    view = planner_view(setting, space)  # the profile the first seed's runs read
+    results = {p: simulate(setting, p, space, view) for p in cfg.policies}
     runs = [
         {
             "policy": p,
@@ -54,7 +55,11 @@ def run_simulation(cfg: SimConfig) -> dict:
             "calibration": cfg.training.calibration,
             "efficiency": "McCandlish et al. 2018: a step of B samples is worth B*B_crit/(B_crit+B)",
         },
-        "planner": {"efficiency": cfg.policy.efficiency, "critical_factor": cfg.policy.critical_factor},
+        "planner": {
+            "efficiency": cfg.policy.efficiency,
+            "critical_factor": cfg.policy.critical_factor,
+            "step_times": view.report,  # the profile it read (or the truth's table), against the truth
+        },
         "estimate": cfg.estimate.model_dump(),
         "mapping_error": cfg.estimate.mapping_error,
         "best_layout_by_gbs": best_layout_by_gbs(setting),
@@ -84,7 +89,19 @@ def _truth_line(result: dict) -> str:
     noise = f", noise {e['noise']:g} ({e['distribution']}, seed {e['seed']})" if e["noise"] > 0 else ""
     return (
         f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
-        f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}"
+        f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}; "
+        f"{_view_text(p['step_times'])}"
+    )
+
+
+def _view_text(report: dict) -> str:
+    """Where the planner's step times come from, and how far they are from the truth."""
+    if report.get("exact"):
+        return "step times: the truth's own (profile.exact)"
+    return (
+        f"step times: a profile of {report['points']} points in {report['spent_s'] / 3600:.1f} h of the cluster, "
+        f"{report['candidates']} candidates ({report['left_out_extrapolating']} left out: never measured), "
+        f"off the truth by {report['table_vs_truth_mape']:.1%} mean, {report['table_vs_truth_max_ape']:.1%} worst"
     )
 
 
@@ -124,8 +141,9 @@ def protocol_text(protocol: dict) -> list[str]:
     seeds = protocol["seeds"]
     lines = [
         "",
-        f"protocol: {len(seeds)} seeds of the estimation noise ({seeds[0]}..{seeds[-1]}); static and ramp read no "
-        "estimate, so their tuning is exact",
+        f"protocol: {len(seeds)} seeds of the estimation noise and the profile ({seeds[0]}..{seeds[-1]}); "
+        "tuned-static and tuned-ramp are tuned in hindsight on the truth (a bound), user-static and user-ramp on the "
+        f"profile with the critical batch off by x{' and x'.join(f'{g:g}' for g in protocol['user_guesses'])}",
         *_tuned_lines(protocol),
     ]
     vs = protocol["copus_vs_each_baseline"]
@@ -143,7 +161,23 @@ def protocol_text(protocol: dict) -> list[str]:
         f"copus-gbs vs best baseline: {_spread_text(protocol['copus_gbs_vs_best_baseline'])}; share of copus's "
         f"gain over the best baseline from the layout: {f'{share:.0%}' if share is not None else 'n/a (no gain)'}",
         f"copus ahead of every baseline: {'yes' if protocol['copus_ahead_of_every_baseline'] else 'no'}",
+        *_kind_lines(protocol),
     ]
+    return lines
+
+
+def _kind_lines(protocol: dict) -> list[str]:
+    """COPUS against the best of each kind of baseline, and the perfect planner's ceiling."""
+    lines = []
+    for kind, entry in protocol["copus_vs_kind"].items():
+        name = kind.replace("_", "-")
+        lines.append(f"copus vs best {name} baseline ({entry['baseline']}): {_spread_text(entry['copus_vs'])}")
+    c = protocol["ceiling"]
+    share = c["copus_share_of_gain"]
+    lines.append(
+        f"ceiling (perfect planner): {_hours(c['time_to_target_s'])}, {_pct(c['vs_best_baseline'])} against the best "
+        f"baseline; copus takes {f'{share:.0%}' if share is not None else 'n/a'} of that gain"
+    )
     return lines
 
 
