@@ -125,7 +125,10 @@ def test_the_protocol_reports_every_kind_of_baseline_and_the_ceiling(two_nodes):
     users = {"user-static@0.5x", "user-static@2x", "user-ramp@0.5x", "user-ramp@2x"}
     assert users <= set(out["policies"]) and set(out["user_tuned"]) <= users
     kinds = out["copus_vs_kind"]
-    assert kinds["paper"]["baseline"] == "static" and kinds["hindsight_tuned"]["baseline"] in ("tuned-static", "tuned-ramp")
+    assert kinds["paper"]["baseline"] == "static" and kinds["hindsight_tuned"]["baseline"] in (
+        "tuned-static",
+        "tuned-ramp",
+    )
     means = {p: v["time_to_target_s"] for p, v in out["policies"].items()}
     # Static tuned in hindsight on the truth, the user's tuned static cannot beat it.
     assert means["tuned-static"] <= min(means["user-static@0.5x"], means["user-static@2x"])

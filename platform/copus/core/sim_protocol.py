@@ -195,7 +195,9 @@ def evaluate(
             elif once and k > 0:
                 r = rows[-1]["result"]  # this policy's run at the previous seed: the same run
             else:
-                r = simulate(replace(s, estimate=replace(s.estimate, seed=s.estimate.seed + k)), policy, space, views[k])
+                r = simulate(
+                    replace(s, estimate=replace(s.estimate, seed=s.estimate.seed + k)), policy, space, views[k]
+                )
             rows.append(_row(policy, k, r) | {"result": r})
     return rows
 
@@ -296,7 +298,11 @@ def ceiling(perfect: SimResult, runs: list[dict], best: str | None) -> dict:
     COPUS takes ((t_best − t_copus) / (t_best − t_perfect) in mean times; None without a gain)."""
     mean = lambda p: statistics.fmean(r["time_to_target_s"] for r in runs if r["policy"] == p)  # noqa: E731
     t = perfect.time_to_target_s
-    reached = best is not None and t is not None and all(r["time_to_target_s"] for r in runs if r["policy"] in (best, "copus"))
+    reached = (
+        best is not None
+        and t is not None
+        and all(r["time_to_target_s"] for r in runs if r["policy"] in (best, "copus"))
+    )
     gain = mean(best) - t if reached else None
     return {
         "time_to_target_s": t,
