@@ -69,6 +69,11 @@ def _add_training_commands(sub) -> None:
         action="store_true",
         help="go on with the suite in its output_dir: keep its tuning choice and complete repeats, run the rest",
     )
+    p.add_argument(
+        "--tune-only",
+        action="store_true",
+        help="run the tuning phase, write its choice to comparison.json and stop (--resume evaluates later)",
+    )
 
 
 def _add_analysis_commands(sub) -> None:
@@ -355,9 +360,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     try:
         with _json_stdout(args) as print_json:
-            result = run_comparison(suite, experiment, args.overrides, _echo(args), resume=args.resume)
+            result = run_comparison(
+                suite, experiment, args.overrides, _echo(args), resume=args.resume, tune_only=args.tune_only
+            )
             if args.json:
                 print_json(result, indent=2)
+            if args.json or args.tune_only:  # a tuning phase alone has no table to print
                 return 0
     except (ConfigError, DatasetError) as err:
         print(f"copus: {err}", file=sys.stderr)

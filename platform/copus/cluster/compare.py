@@ -24,7 +24,14 @@ from typing import Callable
 from copus.cluster.compare_resume import ResumePoint, resume_point, suite_fingerprint
 from copus.cluster.driver import run_experiment
 from copus.cluster.run_state import read_records_log
-from copus.config import ExperimentConfig, SuiteConfig, apply_overrides, config_from_mapping, tuning_candidates
+from copus.config import (
+    ConfigError,
+    ExperimentConfig,
+    SuiteConfig,
+    apply_overrides,
+    config_from_mapping,
+    tuning_candidates,
+)
 from copus.core.comparison import (
     add_counterfactual_audits,
     best_baseline,
@@ -94,9 +101,13 @@ def run_comparison(
     overrides: list[str],
     echo: Callable[[str], None] = print,
     resume: bool = False,
+    tune_only: bool = False,
 ) -> dict:
     """Run the suite (`resume`: keep the whole units an interrupted run of it finished,
-    copus.cluster.compare_resume)."""
+    copus.cluster.compare_resume; `tune_only`: stop once the tuning choice is written, so that
+    what is predicted of the evaluation can be written down between the two phases)."""
+    if tune_only and suite.tune is None:
+        raise ConfigError(f"--tune-only: suite {suite.name!r} has no tune section, so no tuning phase to run")
     out = Location.parse(suite.output_dir)
     out.mkdir()
     fingerprint = suite_fingerprint(suite, experiment, overrides)
@@ -113,15 +124,26 @@ def run_comparison(
     table_dir = suite_table_dir(suite, base)
     ctx = _Suite(suite, experiment, overrides, base, out, table_dir, tracker, parent, echo, fingerprint, point)
     try:
-        tuning, tuned = _tune(ctx)
-        result = _evaluate(ctx, tuning, tuned)
+        result = run_phases(ctx, tune_only)
     except BaseException:
         tracker.finish(parent, "FAILED")
         raise
+    if tune_only:
+        tracker.finish(parent)
+        return {**result, "output_dir": str(out)}
     _log_to_parent(tracker, parent, list(result["policies"]), suite, result)
     result["output_dir"] = str(out)
     echo(comparison_table(result))
     return result
+
+
+def run_phases(ctx: _Suite, tune_only: bool = False) -> dict:
+    """The tuning phase, then (unless `tune_only`) the evaluation; what comparison.json holds."""
+    tuning, tuned = _tune(ctx)
+    if tune_only:
+        ctx.echo(f"== {ctx.suite.name}: tuning chosen and written; the evaluation runs with --resume")
+        return {**ctx.header(), "policies": {}, "runs": [], "tuning": tuning}
+    return _evaluate(ctx, tuning, tuned)
 
 
 def _tune(ctx: _Suite) -> tuple[dict | None, dict[str, TuningCandidate]]:
