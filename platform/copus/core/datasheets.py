@@ -97,4 +97,22 @@ NODES: dict[str, NodeSpec] = {
         runtime_overhead_bytes=2 * GIB,
         source="AMD Instinct MI210 datasheet; interconnect per node as commonly deployed",
     ),
+    # A node of the emulated cluster (docs/emulated-cluster.md): one CPU core, its Ray worker and
+    # its network namespace, joined to the others by a link capped at 185 Mbit/s each way. Only a
+    # simulation with a measured profile uses it (`cluster.profile`: the step times are the
+    # profile's, so the compute figures here are placeholders); the link prices the training state
+    # an in-place reshard moves.
+    "cpu-core-emulated": NodeSpec(
+        "1 CPU core of an emulated node (network namespace, 185 Mbit/s link)",
+        AcceleratorSpec(
+            "CPU core (emulated node)", peak_bf16_flops=50e9, memory_bytes=24 * GIB, memory_bandwidth=20 * GB
+        ),
+        1,
+        intra_node_bandwidth=10 * GB,
+        intra_node_latency_s=1e-6,
+        inter_node_bandwidth=185e6 / 8,
+        inter_node_latency_s=1e-4,
+        runtime_overhead_bytes=0.5 * GIB,
+        source="docs/emulated-cluster.md: tc tbf 185 Mbit/s between namespaces on the 2-core CPU machine",
+    ),
 }

@@ -24,6 +24,9 @@ Three models stand in for what a real run measures:
   off by a mapping error m and an estimation noise ε autocorrelated over decisions (seeded), so
   the planner's own c × b_noise is m · ε · B_crit(lagged). With m = 1, ε = 1 and no lag the
   planner's critical batch is the true one; its SE form is its own.
+- **Or a measured step time** (`MeasuredSteps`): for a setting that stands for a cluster we can
+  also run (the emulated one), the step times of a real `copus profile` table, measured where
+  measured and fitted elsewhere, so the simulator's predictions can be checked against runs.
 - **Reconfiguration cost** (`ReconfigurationCosts`): a fixed start-up plus the training state
   moved over the network (in place) or written to and read from storage (restart).
 
@@ -463,6 +466,27 @@ class ReconfigurationCosts:
 
 
 @dataclass(frozen=True)
+class MeasuredSteps:
+    """A throughput truth read off a real profile (`copus profile`'s table) instead of derived
+    from datasheets: a configuration's step time where the profile measured it, the profile's
+    fitted model elsewhere; what the profile found infeasible, or a parallel degree it never
+    measured, is out of the search space. A setting with it stands for a cluster that can also
+    be run (the emulated one, docs/emulated-cluster.md), so what it predicts can be checked."""
+
+    measured: tuple[tuple[CandidateConfig, float], ...]  # seconds per step, as measured
+    model: StepTimeModel
+    infeasible: frozenset[CandidateConfig] = frozenset()
+    source: str = ""
+
+    def step_time(self, cfg: CandidateConfig) -> float:
+        seconds = dict(self.measured).get(cfg)
+        return seconds if seconds is not None else self.model.step_time(cfg)
+
+    def admits(self, cfg: CandidateConfig) -> bool:
+        return cfg not in self.infeasible and not self.model.extrapolates(cfg)
+
+
+@dataclass(frozen=True)
 class Setting:
     """One simulated cluster and workload, and the policies' common knobs."""
 
@@ -494,6 +518,7 @@ class Setting:
     # How the planner's step-time table is made (copus.core.sim_view): exact, the truth's own, by
     # default here; `copus simulate` profiles the simulated cluster unless told otherwise.
     profile: ProfileSampling = ProfileSampling(exact=True)
+    measured: MeasuredSteps | None = None  # the step times' truth from a real profile, not the cluster's datasheet
 
     def truth_curve(self) -> LossCurve:
         """The loss curve the truth follows: capped at ln(vocab) unless the setting names a cap."""
@@ -521,14 +546,23 @@ def search_space(
     from `gbs_min`, default the setting's, to the setting's largest; or exactly `gbs_values`)."""
     layouts = list(s.layouts) if s.layouts else valid_layouts(s.cluster.world, s.shape)
     grid = gbs_values if gbs_values is not None else gbs_grid(gbs_min or s.gbs_min, s.gbs_max)
-    cands = [
-        c
-        for c in candidates(layouts, list(s.mbs), grid, s.shape, s.dp_shard, s.recompute)
-        if memory_fits(s.cluster, s.shape, s.seq_len, c)
-    ]
+    cands = [c for c in candidates(layouts, list(s.mbs), grid, s.shape, s.dp_shard, s.recompute) if admitted(s, c)]
     if not cands:
         raise ValueError("search: no configuration of the search space fits the modelled memory")
-    return cands, np.array([c.gbs / step_time(s.cluster, s.shape, s.seq_len, c) for c in cands])
+    return cands, np.array([c.gbs / true_step_time(s, c) for c in cands])
+
+
+def true_step_time(s: Setting, cfg: CandidateConfig) -> float:
+    """Seconds per step of `cfg` in the setting's truth: the measured profile's, else the model's
+    of the cluster's hardware."""
+    if s.measured is not None:
+        return s.measured.step_time(cfg)
+    return step_time(s.cluster, s.shape, s.seq_len, cfg)
+
+
+def admitted(s: Setting, cfg: CandidateConfig) -> bool:
+    """Whether `cfg` may run at all: within the measured profile, else within modelled memory."""
+    return s.measured.admits(cfg) if s.measured is not None else memory_fits(s.cluster, s.shape, s.seq_len, cfg)
 
 
 def planner_view(s: Setting, space: tuple[list[CandidateConfig], np.ndarray], seed: int | None = None) -> PlannerView:
@@ -648,9 +682,7 @@ class _Run:
     def train_step(self) -> None:
         seconds = self.step_times.get(self.current)
         if seconds is None:
-            seconds = self.step_times[self.current] = step_time(
-                self.s.cluster, self.s.shape, self.s.seq_len, self.current
-            )
+            seconds = self.step_times[self.current] = true_step_time(self.s, self.current)
         self.t += seconds
         self.model.step(self.current.gbs)
         self.steps += 1

@@ -44,6 +44,7 @@ from copus.core.simulator import (
     CriticalBatch,
     LossCurve,
     LrTransient,
+    MeasuredSteps,
     NoiseEstimate,
     ReconfigurationCosts,
     Setting,
@@ -54,6 +55,11 @@ from workloads.flavours import FLAVOURS
 class SimCluster(Section):
     node: str = "h100-sxm-8"
     nodes: int = Field(1, ge=1)
+    # A `copus profile` table JSON of this workload on a real cluster (the emulated one): the
+    # step times' truth is that profile, measured where measured and fitted elsewhere, instead of
+    # the node's datasheet (copus.core.simulator.MeasuredSteps). A relative path is relative to
+    # the current directory.
+    profile: LocalPath | None = None
 
 
 class SimBatch(Section):
@@ -305,6 +311,8 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
         cfg = SimConfig.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as err:
         raise ConfigError(f"{path}: {format_pydantic_error(err)}") from None
+    if cfg.cluster.profile is not None:
+        measured_steps_of(cfg)  # refused here, in one line, rather than when simulating
     if cfg.training.calibration is None:
         return cfg
     calibration = Path(cfg.training.calibration).expanduser().resolve()
@@ -357,6 +365,37 @@ def critical_batch_of(cfg: SimConfig) -> CriticalBatch | CalibratedCriticalBatch
     )
 
 
+def measured_steps_of(cfg: SimConfig) -> MeasuredSteps | None:
+    """The step times' truth of `cluster.profile` (None without one): the profile must be of this
+    model, sequence length and world size, and hold a fitted model."""
+    if cfg.cluster.profile is None:
+        return None
+    from copus.cluster.profile_table import ProfileTable, ProfileTableError  # no ray: a JSON file
+
+    path = Path(cfg.cluster.profile).expanduser()
+    where = f"cluster.profile: {path}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: file not found")
+    try:
+        table = ProfileTable.load(path)
+    except ProfileTableError as err:
+        raise ConfigError(f"cluster.profile: {err}") from None
+    world = NODES[cfg.cluster.node].accelerators_per_node * cfg.cluster.nodes
+    workload = table.key.get("workload", {})
+    found = (workload.get("model"), workload.get("seq_len"), table.key.get("world_size"))
+    if found != (cfg.model, cfg.seq_len, world):
+        raise ConfigError(
+            f"{where}: profiles model {found[0]}, seq_len {found[1]} on {found[2]} workers; this simulation is "
+            f"{cfg.model}, seq_len {cfg.seq_len} on {world} (cluster.nodes x the node's accelerators)"
+        )
+    model = table.step_time_model(FLAVOURS[cfg.model].shape())
+    if model is None:
+        raise ConfigError(f"{where}: the table has no fitted step-time model; run copus profile to the end")
+    measured = tuple((m.config, m.step_time_s) for m in table.measured())
+    infeasible = frozenset(CandidateConfig.from_dict(r) for r in table.infeasible())
+    return MeasuredSteps(measured, model, infeasible, source=str(path))
+
+
 def setting_from(cfg: SimConfig) -> Setting:
     """The plain simulator inputs of a validated config."""
     node = NODES[cfg.cluster.node]
@@ -392,4 +431,5 @@ def setting_from(cfg: SimConfig) -> Setting:
         recompute=tuple(cfg.search.recompute),
         ramp=cfg.ramp.schedule() if cfg.ramp is not None else None,
         profile=cfg.profile.sampling(),
+        measured=measured_steps_of(cfg),
     )

@@ -1,0 +1,80 @@
+"""A simulated setting whose step times are a real profile's (copus.core.simulator.MeasuredSteps,
+`cluster.profile` in the simulation YAML): the emulated cluster's measured table, read as the
+truth, measured where measured and fitted elsewhere."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from copus.config import ConfigError
+from copus.core.layout import CandidateConfig
+from copus.core.simulator import search_space, simulate
+from copus.sim.config import load_sim_config, setting_from
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "docs" / "results" / "profile-emulated-layout.json"
+
+
+def _sim_yaml(tmp_path, **changes) -> Path:
+    doc = {
+        "model": "tiny", "seq_len": 128,
+        "cluster": {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE)},
+        "batch": {"gbs": 16, "mbs": 8}, "parallel": {"dp": 2},
+        "search": {"gbs_min": 4, "gbs_max": 256, "mbs": [1, 2, 4, 8, 16, 32], "layouts": [[2, 1, 1], [1, 1, 2]],
+                   "dp_shard": ["none"], "recompute": ["none"]},
+        "profile": {"exact": True},
+        "policy": {"interval_s": 10},
+        "costs": {"in_place_fixed_s": 0.5, "restart_fixed_s": 25},
+        # A loss curve for this model only to exercise the truth: 1.0 + 50 / D^0.3, 5.5 at zero data.
+        "training": {"target_loss": 2.5, "max_hours": 10,
+                     "loss_curve": {"e": 1.0, "a": 0.0, "b": 50.0, "beta": 0.3, "initial": 5.5},
+                     "critical_batch": {"flat_tokens": 16 * 128}},
+        "policies": ["static"],
+    }  # fmt: skip
+    doc.update(changes)
+    path = tmp_path / "emulated.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_truth_is_the_measured_table_and_its_fit_elsewhere(tmp_path):
+    s = setting_from(load_sim_config(_sim_yaml(tmp_path)))
+    cands, throughputs = search_space(s)
+    truth = dict(zip(cands, throughputs))
+    rows = [r for r in json.loads(PROFILE.read_text())["rows"] if r["status"] == "ok"]
+    for r in rows:  # every measured configuration at its measured speed
+        cfg = CandidateConfig(r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"])
+        if cfg in truth:
+            assert truth[cfg] == pytest.approx(r["gbs"] / r["step_time_s"], rel=1e-12)
+    unmeasured = [c for c in cands if not any(CandidateConfig.from_dict(r) == c for r in rows)]
+    assert unmeasured and all(truth[c] == pytest.approx(s.measured.model.throughput(c)) for c in unmeasured)
+
+    def best(gbs: int) -> CandidateConfig:
+        return max((c for c in cands if c.gbs == gbs), key=lambda c: truth[c])
+
+    # The profile's layout boundary survives into the simulated truth.
+    assert (best(4).dp, best(4).pp) == (1, 2) and (best(64).dp, best(64).pp) == (2, 1)
+
+
+def test_a_static_run_takes_the_measured_step_time(tmp_path):
+    s = setting_from(load_sim_config(_sim_yaml(tmp_path)))
+    space = search_space(s)
+    result = simulate(s, "static", space)
+    step_s = dict(zip(*space))
+    cfg = result.final
+    assert result.time_to_target_s is not None and cfg.gbs == 16
+    assert result.time_to_target_s == pytest.approx(result.steps * cfg.gbs / step_s[cfg], rel=1e-9)
+
+
+def test_a_profile_of_another_workload_or_world_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"cluster.profile: .*profiles model tiny, seq_len 128 on 2 workers"):
+        load_sim_config(_sim_yaml(tmp_path, seq_len=64))
+    missing = str(tmp_path / "none.json")
+    with pytest.raises(ConfigError, match="cluster.profile: .*none.json: file not found"):
+        load_sim_config(_sim_yaml(tmp_path, cluster={"node": "cpu-core-emulated", "nodes": 2, "profile": missing}))
+    assert math.isfinite(setting_from(load_sim_config(_sim_yaml(tmp_path))).measured.step_time(
+        CandidateConfig(2, 1, 1, 8, 512)
+    ))  # fmt: skip
