@@ -98,6 +98,11 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument("simulation", help="simulation YAML (e.g. experiments/sim/paper_llama-2-13b_2x8-h100.yaml)")
     _add_overrides(p, "override a field, e.g. --set training.target_loss=2.4 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--suite",
+        metavar="SUITE_YAML",
+        help="predict this comparison suite's runs instead (its policies over its evaluation seeds, its tuning candidates)",
+    )
     p = sub.add_parser(
         "calibrate",
         help="measure the critical batch: branch a reference run, sweep the GBS from each branch point, fit (Ray Tune)",
@@ -441,16 +446,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from copus.config import load_suite
     from copus.sim.config import load_sim_config
     from copus.sim.run import run_simulation, simulation_text
+    from copus.sim.suite import predict_suite, suite_text
 
     try:
         cfg = load_sim_config(args.simulation, args.overrides)
-        result = run_simulation(cfg)
+        if args.suite:
+            suite, experiment = load_suite(args.suite)
+            gbs = (experiment.get("batch") or {}).get("gbs", cfg.batch.gbs)
+            result, text = predict_suite(cfg, suite, gbs), suite_text
+        else:
+            result, text = run_simulation(cfg), simulation_text
     except (ConfigError, ValueError) as err:
         print(f"copus: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2) if args.json else simulation_text(result))
+    print(json.dumps(result, indent=2) if args.json else text(result))
     return 0
 
 

@@ -78,3 +78,23 @@ def test_a_profile_of_another_workload_or_world_is_refused_in_one_line(tmp_path)
     assert math.isfinite(setting_from(load_sim_config(_sim_yaml(tmp_path))).measured.step_time(
         CandidateConfig(2, 1, 1, 8, 512)
     ))  # fmt: skip
+
+
+def test_overheads_add_start_up_evaluations_and_gaps_and_the_target_is_seen_at_an_evaluation(tmp_path):
+    plain = setting_from(load_sim_config(_sim_yaml(tmp_path)))
+    overheads = {"startup_s": 30.0, "between_steps_s": 0.05, "eval_every_steps": 10,
+                 "eval_s": {"dp2-tp1-pp1": 0.6, "dp1-tp1-pp2": 0.9}}  # fmt: skip
+    priced = setting_from(load_sim_config(_sim_yaml(tmp_path, overheads=overheads)))
+    space = search_space(plain)
+    bare, real = simulate(plain, "static", space), simulate(priced, "static", space)
+    assert real.final == bare.final and real.final.dp == 2
+    # The target is seen at the first evaluation at or after the step the truth reaches it.
+    assert real.steps % 10 == 0 and bare.steps <= real.steps < bare.steps + 10
+    step_s = real.final.gbs / dict(zip(*space))[real.final]
+    expected = 30.0 + real.steps * (step_s + 0.05) + (real.steps // 10) * 0.6
+    assert real.time_to_target_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_an_overhead_layout_label_that_is_not_one_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"overheads.eval_s.dp2: expected a layout label such as dp2-tp1-pp1"):
+        load_sim_config(_sim_yaml(tmp_path, overheads={"eval_every_steps": 10, "eval_s": {"dp2": 0.5}}))

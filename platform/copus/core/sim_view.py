@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from copus.core.throughput import Measurement, cross_validate, fit_step_time_mod
 
 # The generator stream of the profile's timing noise (the estimate's noise uses the seed alone).
 PROFILE_STREAM = 42
+
+if TYPE_CHECKING:  # the simulator imports this module
+    from copus.core.simulator import MeasuredSteps
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,38 @@ def profiled_view(
         # The planner's table against the truth, over every candidate it may choose.
         "table_vs_truth_mape": float(error.mean()),
         "table_vs_truth_max_ape": float(error.max()),
+        "candidates": len(usable),
+        "left_out_extrapolating": len(cands) - len(usable),
+    }
+    return PlannerView(table, dict(zip(usable, map(float, sds))), report)
+
+
+def table_view(
+    steps: "MeasuredSteps", cands: list[CandidateConfig], truth: np.ndarray, source: str = ""
+) -> PlannerView:
+    """The table a real planner reads from a real `copus profile` file (`profile.table`): the
+    measured step time where the file measured a candidate, its fitted model elsewhere, each
+    weighed with the file's own held-out error, as a run's controller weighs it
+    (`copus.cluster.controller_setup.rule_settings`); a candidate the file could not price is left
+    out. Its report says how far it is from the simulated truth (`truth`: samples/s)."""
+    usable = [c for c in cands if steps.admits(c)]
+    table = {c: c.gbs / steps.step_time(c) for c in usable}
+    mape, worst = steps.held_out
+    sds = step_time_log_sd(mape, worst, [steps.model.extrapolates(c) for c in usable])
+    true_step = {c: c.gbs / float(t) for c, t in zip(cands, truth)}
+    error = np.array([abs(table[c] * true_step[c] / c.gbs - 1.0) for c in usable])
+    report = {
+        "source": "table",
+        "exact": False,
+        "table": source,
+        "points": len(steps.measured),
+        "fit_held_out_mape": mape,
+        "fit_held_out_max_ape": worst,
+        "table_vs_truth_mape": float(error.mean()),
+        "table_vs_truth_max_ape": float(error.max()),
+        # Off by one factor for every candidate (another machine's speed) moves no choice: the
+        # spread around that factor is what can.
+        "table_vs_truth_median_ratio": float(np.median([table[c] * true_step[c] / c.gbs for c in usable])),
         "candidates": len(usable),
         "left_out_extrapolating": len(cands) - len(usable),
     }

@@ -58,7 +58,7 @@ from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
 from copus.core.reconfiguration import reversed_switches
 from copus.core.search import candidates, gbs_grid, valid_layouts
-from copus.core.sim_view import PlannerView, ProfileSampling, profiled_view
+from copus.core.sim_view import PlannerView, ProfileSampling, profiled_view, table_view
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
 BF16 = 2
@@ -477,6 +477,7 @@ class MeasuredSteps:
     model: StepTimeModel
     infeasible: frozenset[CandidateConfig] = frozenset()
     source: str = ""
+    held_out: tuple[float, float] = (0.0, 0.0)  # the fit's held-out (mean, worst) relative error
 
     def step_time(self, cfg: CandidateConfig) -> float:
         seconds = dict(self.measured).get(cfg)
@@ -484,6 +485,35 @@ class MeasuredSteps:
 
     def admits(self, cfg: CandidateConfig) -> bool:
         return cfg not in self.infeasible and not self.model.extrapolates(cfg)
+
+
+@dataclass(frozen=True)
+class RunOverheads:
+    """Wall-clock a real run spends outside its training steps, which a simulated run of a
+    cluster that can also be run adds to its time to target (measured by `copus.sim.fit` on
+    real runs): the start-up before the first step (workers, model, the step-0 evaluation), the
+    time between two steps beyond the step itself (logging, the controller's calls), and an
+    evaluation every `eval_every_steps` steps, `eval_s` seconds by layout label (dpX-tpY-ppZ; a
+    layout not named costs the mean of those named). With evaluations priced, the target is
+    seen only at an evaluation, as a real run sees it, and each evaluation reads the truth's
+    loss off by `eval_noise` nats (sd; a real validation loss on a few batches is noisy, and a
+    run stops at the first reading below the target, so the noise brings the stop forward;
+    seeded by the estimate's seed). All zero (the default): a GPU cluster's run of days, where
+    they are noise."""
+
+    startup_s: float = 0.0
+    between_steps_s: float = 0.0
+    eval_every_steps: int = 0
+    eval_s: tuple[tuple[str, float], ...] = ()
+    eval_noise: float = 0.0
+
+    def eval_seconds(self, cfg: CandidateConfig) -> float:
+        by_layout = dict(self.eval_s)
+        label = f"dp{cfg.dp}-tp{cfg.tp}-pp{cfg.pp}"
+        return by_layout.get(label, float(np.mean(list(by_layout.values()))) if by_layout else 0.0)
+
+    def evaluates_after(self, steps: int) -> bool:
+        return self.eval_every_steps <= 0 or steps % self.eval_every_steps == 0
 
 
 @dataclass(frozen=True)
@@ -519,6 +549,10 @@ class Setting:
     # default here; `copus simulate` profiles the simulated cluster unless told otherwise.
     profile: ProfileSampling = ProfileSampling(exact=True)
     measured: MeasuredSteps | None = None  # the step times' truth from a real profile, not the cluster's datasheet
+    # What the planner reads instead of profiling the simulated cluster: a real profile file (the
+    # one a real run of this cluster reads), not the truth's.
+    planner_table: MeasuredSteps | None = None
+    overheads: RunOverheads = RunOverheads()  # a real run's time outside its steps (none by default)
 
     def truth_curve(self) -> LossCurve:
         """The loss curve the truth follows: capped at ln(vocab) unless the setting names a cap."""
@@ -536,6 +570,7 @@ class Setting:
 # "nothing to decide" costs nothing and is not counted). A run stopped there has not reached
 # the target; `SimResult.stopped` says why.
 MAX_STEPS = 3_000_000
+EVAL_STREAM = 7  # the generator stream of the evaluations' noise (the estimate's uses the seed alone)
 MAX_DECISIONS = 5_000
 
 
@@ -567,8 +602,11 @@ def admitted(s: Setting, cfg: CandidateConfig) -> bool:
 
 def planner_view(s: Setting, space: tuple[list[CandidateConfig], np.ndarray], seed: int | None = None) -> PlannerView:
     """The step-time table the planner reads (`s.profile`), its timing noise drawn with `seed`
-    (default the estimate's: each evaluation seed profiles the cluster anew)."""
+    (default the estimate's: each evaluation seed profiles the cluster anew); or the real profile
+    file `s.planner_table`, the same at every seed, as a real suite's runs read one file."""
     cands, throughputs = space
+    if s.planner_table is not None:
+        return table_view(s.planner_table, cands, throughputs, s.planner_table.source)
     return profiled_view(s.shape, cands, throughputs, s.profile, s.estimate.seed if seed is None else seed)
 
 
@@ -666,26 +704,28 @@ class _Run:
             s.shape.param_count(), s.seq_len, s.truth_curve(), s.critical, s.transient, keep_history=self.reads
         )
         self.step_times = dict(step_times)  # seconds by configuration; a ramp adds GBS off the grid
-        self.t, self.steps, self.decided = 0.0, 0, 0
+        self.t, self.steps, self.decided = s.overheads.startup_s, 0, 0
+        self.reached = False  # the target seen reached (at an evaluation, where those are priced)
+        self.eval_rng = np.random.default_rng([s.estimate.seed, EVAL_STREAM])
         self.limit = s.max_hours * 3600
         self.changes: list[dict] = []
         self.timeline = [self.point(float("nan"))]
 
     def going(self) -> bool:
-        return (
-            self.model.loss > self.s.target_loss
-            and self.t < self.limit
-            and self.steps < MAX_STEPS
-            and self.decided < MAX_DECISIONS
-        )
+        return not self.reached and self.t < self.limit and self.steps < MAX_STEPS and self.decided < MAX_DECISIONS
 
     def train_step(self) -> None:
         seconds = self.step_times.get(self.current)
         if seconds is None:
             seconds = self.step_times[self.current] = true_step_time(self.s, self.current)
-        self.t += seconds
+        o = self.s.overheads
+        self.t += seconds + o.between_steps_s
         self.model.step(self.current.gbs)
         self.steps += 1
+        if o.evaluates_after(self.steps):
+            self.t += o.eval_seconds(self.current) if o.eval_every_steps > 0 else 0.0
+            seen = self.model.loss + (o.eval_noise * float(self.eval_rng.standard_normal()) if o.eval_noise else 0.0)
+            self.reached = seen <= self.s.target_loss
 
     def point(self, b_noise: float) -> dict:
         """Where the run stands: loss, true critical batch, the noise scale the policy saw (NaN for
@@ -705,7 +745,7 @@ class _Run:
 
     def stopped(self) -> str | None:
         """Why a run that did not reach the target ended; None when it did."""
-        if self.model.loss <= self.s.target_loss:
+        if self.reached:
             return None
         if self.t >= self.limit:
             return "max_hours"
@@ -735,7 +775,7 @@ def _follow_policy(run: _Run, plan) -> None:
     s = run.s
     estimate = LiveEstimate(s.estimate, s.critical_factor, s.start.gbs) if run.reads else None
     costs = s.costs.switch_costs(s.cluster, s.shape, s.reconfigure)
-    next_decision = s.interval_s
+    next_decision = run.t + s.interval_s  # the clock starts after the start-up
     while run.going():
         run.train_step()
         if run.t < next_decision:
@@ -784,7 +824,7 @@ def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:
     """Train with the GBS the ramp gives the samples seen; the layout and MBS stay, so every
     change is made in place at no cost (as `copus.core.ramp.ramp_order`)."""
     points, k = ramp.points, 0
-    next_point = run.s.interval_s
+    next_point = run.t + run.s.interval_s
     while run.going():
         run.train_step()
         while k + 1 < len(points) and run.model.samples >= points[k + 1][0]:
@@ -801,12 +841,14 @@ def simulate(
     policy: str,
     space: tuple[list[CandidateConfig], np.ndarray] | None = None,
     view: PlannerView | None = None,
+    ramp_at: CandidateConfig | None = None,
 ) -> SimResult:
     """One simulated run of `policy` until the target loss (or `max_hours` of simulated time).
     The truth (`TrainingModel`, the step times of `space`) advances every step; every choice of
     a configuration reads `view` (default `planner_view`: the setting's profile at the
     estimate's seed); at every decision the policy sees the noise-scale estimate `s.estimate`
-    draws from the truth. `ramp` follows `s.ramp`."""
+    draws from the truth. `ramp` follows `s.ramp`, in `ramp_at`'s layout and MBS where a suite
+    fixes them (default `ramp_config`'s)."""
     space = space or search_space(s)
     cands, throughputs = space
     step_times = {c: c.gbs / t for c, t in zip(cands, throughputs)}
@@ -814,7 +856,7 @@ def simulate(
     if policy == "ramp":
         if s.ramp is None:
             raise ValueError("policies: 'ramp' needs a ramp schedule (the simulation YAML's ramp section)")
-        first = ramp_config(s, s.ramp, None if view.report.get("exact") else view)
+        first = ramp_at or ramp_config(s, s.ramp, None if view.report.get("exact") else view)
         run = _Run(s, policy, first, first, step_times)
         _follow_ramp(run, s.ramp)
         return run.result()

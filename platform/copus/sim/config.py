@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -47,6 +48,7 @@ from copus.core.simulator import (
     MeasuredSteps,
     NoiseEstimate,
     ReconfigurationCosts,
+    RunOverheads,
     Setting,
 )
 from workloads.flavours import FLAVOURS
@@ -105,6 +107,31 @@ class SimCosts(Section):
     in_place_fixed_s: float = Field(25.0, ge=0.0)
     restart_fixed_s: float = Field(180.0, ge=0.0)
     storage_gb_per_s: float = Field(1.0, gt=0.0)  # per node, to the checkpoint store
+
+
+class SimOverheads(Section):
+    """A real run's wall-clock outside its training steps, for a setting whose runs can be made
+    (the emulated cluster): measured on real runs by `python -m copus.sim.fit RUN_DIR ...`
+    (copus.core.simulator.RunOverheads). Zero by default: on a GPU cluster's run of days they
+    are noise. With eval_every_steps > 0 the target is seen only at an evaluation."""
+
+    startup_s: float = Field(0.0, ge=0.0)
+    between_steps_s: float = Field(0.0, ge=0.0)
+    eval_every_steps: int = Field(0, ge=0)
+    eval_s: dict[str, Annotated[float, Field(ge=0.0)]] = {}  # by layout label, e.g. dp2-tp1-pp1
+    eval_noise: float = Field(0.0, ge=0.0, le=1.0)  # sd of a validation loss reading, nats
+
+    @model_validator(mode="after")
+    def _layout_labels(self) -> "SimOverheads":
+        for label in self.eval_s:
+            if not re.fullmatch(r"dp[1-9][0-9]*-tp[1-9][0-9]*-pp[1-9][0-9]*", label):
+                raise FieldProblem(f"overheads.eval_s.{label}", "expected a layout label such as dp2-tp1-pp1")
+        return self
+
+    def plain(self) -> RunOverheads:
+        return RunOverheads(
+            self.startup_s, self.between_steps_s, self.eval_every_steps, tuple(self.eval_s.items()), self.eval_noise
+        )
 
 
 class SimLossCurve(Section):
@@ -203,6 +230,9 @@ class SimProfile(Section):
     to them elsewhere), redrawn at every seed; exact: the truth's own table (before issue 42)."""
 
     exact: bool = False
+    # A real `copus profile` file the planner reads instead (of this workload and world size, as
+    # cluster.profile): what a real run's planner on this cluster reads (copus.core.sim_view.table_view).
+    table: LocalPath | None = None
     timing_noise: float = Field(0.02, ge=0.0, le=1.0)  # sd of log of a measured step time
     gbs_per_shape: int = Field(3, ge=1)
     max_microbatches: int | None = Field(16, ge=1)
@@ -249,6 +279,7 @@ class SimConfig(Section):
     profile: SimProfile = SimProfile()
     reconfigure: Literal["in_place", "restart"] = "in_place"
     costs: SimCosts = SimCosts()
+    overheads: SimOverheads = SimOverheads()
     training: SimTraining
     estimate: SimEstimate = SimEstimate()
     policies: list[PolicyName] = Field(list(DEFAULT_SUITE), min_length=1)
@@ -311,8 +342,8 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
         cfg = SimConfig.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as err:
         raise ConfigError(f"{path}: {format_pydantic_error(err)}") from None
-    if cfg.cluster.profile is not None:
-        measured_steps_of(cfg)  # refused here, in one line, rather than when simulating
+    measured_steps_of(cfg)  # a profile file is refused here, in one line, rather than when simulating
+    planner_table_of(cfg)
     if cfg.training.calibration is None:
         return cfg
     calibration = Path(cfg.training.calibration).expanduser().resolve()
@@ -366,20 +397,28 @@ def critical_batch_of(cfg: SimConfig) -> CriticalBatch | CalibratedCriticalBatch
 
 
 def measured_steps_of(cfg: SimConfig) -> MeasuredSteps | None:
-    """The step times' truth of `cluster.profile` (None without one): the profile must be of this
+    """The step times' truth of `cluster.profile` (None without one)."""
+    return None if cfg.cluster.profile is None else profile_steps(cfg, cfg.cluster.profile, "cluster.profile")
+
+
+def planner_table_of(cfg: SimConfig) -> MeasuredSteps | None:
+    """The real profile the planner reads, `profile.table` (None: it profiles the simulated cluster)."""
+    return None if cfg.profile.table is None else profile_steps(cfg, cfg.profile.table, "profile.table")
+
+
+def profile_steps(cfg: SimConfig, file: str, field: str) -> MeasuredSteps:
+    """A `copus profile` file's step times (`field` names it in errors): it must be of this
     model, sequence length and world size, and hold a fitted model."""
-    if cfg.cluster.profile is None:
-        return None
     from copus.cluster.profile_table import ProfileTable, ProfileTableError  # no ray: a JSON file
 
-    path = Path(cfg.cluster.profile).expanduser()
-    where = f"cluster.profile: {path}"
+    path = Path(file).expanduser()
+    where = f"{field}: {path}"
     if not path.is_file():
         raise ConfigError(f"{where}: file not found")
     try:
         table = ProfileTable.load(path)
     except ProfileTableError as err:
-        raise ConfigError(f"cluster.profile: {err}") from None
+        raise ConfigError(f"{field}: {err}") from None
     world = NODES[cfg.cluster.node].accelerators_per_node * cfg.cluster.nodes
     workload = table.key.get("workload", {})
     found = (workload.get("model"), workload.get("seq_len"), table.key.get("world_size"))
@@ -393,7 +432,9 @@ def measured_steps_of(cfg: SimConfig) -> MeasuredSteps | None:
         raise ConfigError(f"{where}: the table has no fitted step-time model; run copus profile to the end")
     measured = tuple((m.config, m.step_time_s) for m in table.measured())
     infeasible = frozenset(CandidateConfig.from_dict(r) for r in table.infeasible())
-    return MeasuredSteps(measured, model, infeasible, source=str(path))
+    error = (table.model or {}).get("error") or {}
+    held_out = (float(error.get("mape", 0.0)), float(error.get("max_ape", error.get("mape", 0.0))))
+    return MeasuredSteps(measured, model, infeasible, source=str(path), held_out=held_out)
 
 
 def setting_from(cfg: SimConfig) -> Setting:
@@ -432,4 +473,6 @@ def setting_from(cfg: SimConfig) -> Setting:
         ramp=cfg.ramp.schedule() if cfg.ramp is not None else None,
         profile=cfg.profile.sampling(),
         measured=measured_steps_of(cfg),
+        planner_table=planner_table_of(cfg),
+        overheads=cfg.overheads.plain(),
     )

@@ -61,6 +61,7 @@ def run_simulation(cfg: SimConfig) -> dict:
             "step_times": view.report,  # the profile it read (or the truth's table), against the truth
         },
         "estimate": cfg.estimate.model_dump(),
+        "overheads": cfg.overheads.model_dump(),
         "mapping_error": cfg.estimate.mapping_error,
         "best_layout_by_gbs": best_layout_by_gbs(setting),
         "protocol": _protocol(cfg, setting, space, results),
@@ -98,6 +99,12 @@ def _view_text(report: dict) -> str:
     """Where the planner's step times come from, and how far they are from the truth."""
     if report.get("exact"):
         return "step times: the truth's own (profile.exact)"
+    if report.get("source") == "table":
+        return (
+            f"step times: the profile file {report['table']} ({report['points']} points), "
+            f"{report['candidates']} candidates, off the truth by {report['table_vs_truth_mape']:.1%} mean, "
+            f"{report['table_vs_truth_max_ape']:.1%} worst (median ratio x{report['table_vs_truth_median_ratio']:.2f})"
+        )
     return (
         f"step times: a profile of {report['points']} points in {report['spent_s'] / 3600:.1f} h of the cluster, "
         f"{report['candidates']} candidates ({report['left_out_extrapolating']} left out: never measured), "

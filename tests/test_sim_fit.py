@@ -1,0 +1,80 @@
+"""Real runs read for the emulated cluster's simulated setting (copus.sim.fit): a run's records
+give its trajectory and the wall-clock it spends outside its steps; `copus simulate --suite`
+predicts a comparison suite's runs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from copus.sim.fit import main as fit_main
+from copus.sim.fit import overheads_of, trajectory_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write_run(path: Path, layout=(2, 1, 1), gbs=8) -> Path:
+    """A run's records.jsonl: started at 30 s, a step-0 evaluation, three steps of 1 s each
+    0.1 s apart, an evaluation of 0.5 s after step 2 (and one GBS change at step 3)."""
+    dp, tp, pp = layout
+    step = lambda k, wall, g=gbs: {
+        "kind": "step",
+        "step": k,
+        "samples": 8 * k,
+        "gbs": g,
+        "mbs": 4,  # noqa: E731
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "step_time_s": 1.0,
+        "wall_clock_s": wall,
+    }
+    lines = [
+        {"kind": "start", "step": 0, "samples": 0, "wall_clock_s": 30.0},
+        {"kind": "eval", "step": 0, "samples": 0, "val_loss": 5.5, "wall_clock_s": 32.0, "eval_time_s": 2.0},
+        step(1, 33.0), step(2, 34.1),
+        {"kind": "eval", "step": 2, "samples": 16, "val_loss": 4.0, "wall_clock_s": 34.6, "eval_time_s": 0.5},
+        step(3, 35.7, 16),
+    ]  # fmt: skip
+    path.mkdir(parents=True)
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def test_a_runs_records_give_its_trajectory_and_its_overheads(tmp_path):
+    run = _write_run(tmp_path / "a")
+    t = trajectory_of(run)
+    assert t.gbs_per_step == (8, 8, 16) and t.evals == ((0, 5.5), (16, 4.0))
+    o = overheads_of([run, _write_run(tmp_path / "b", layout=(1, 1, 2))])
+    assert o["startup_s"] == pytest.approx(32.0)  # first step's end less its time
+    assert o["between_steps_s"] == pytest.approx(0.1)  # the gaps, evaluations taken out
+    assert o["eval_s"] == {"dp1-tp1-pp2": pytest.approx(0.5), "dp2-tp1-pp1": pytest.approx(0.5)}
+    assert o["runs"] == 2 and o["step_time_s"]["dp2-tp1-pp1 mbs4 gbs8"] == pytest.approx(1.0)
+
+
+def test_a_directory_without_records_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "records.jsonl").write_text("")
+    assert fit_main([str(tmp_path / "empty"), "--experiment", str(REPO / "experiments/emulated_layout.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "records.jsonl: no step or validation records" in err
+
+
+def test_simulate_predicts_the_emulated_layout_suite():
+    out = subprocess.run(
+        [sys.executable, "-m", "copus.cli", "simulate", "experiments/sim/emulated_layout.yaml",
+         "--suite", "experiments/compare_emulated_layout.yaml", "--json"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    p = json.loads(out.stdout)
+    assert set(p["policies"]) == {"copus", "copus-gbs", "static", "cbs-pessimistic", "cbs-optimistic"}
+    assert all(e["runs"] == 8 for e in p["policies"].values())  # one per evaluation seed
+    assert set(p["tuning_candidates"]) == {f"static-gbs{g}" for g in (4, 8, 16, 32, 64)} | {
+        f"ramp-{n}" for n in (320, 960, 1920)
+    }
+    assert p["predicted_picks"]["tuned-static"] in p["tuning_candidates"]
+    assert set(p["ranking"]) == set(p["policies"]) | {"tuned-static", "tuned-ramp"}
+    times = [(p["policies"] | p["tuning_candidates"])[k] for k in p["policies"]]
+    assert all(e["time_to_target_s"] is None or e["time_to_target_s"] > p["overheads"]["startup_s"] for e in times)
