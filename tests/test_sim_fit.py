@@ -19,18 +19,11 @@ def _write_run(path: Path, layout=(2, 1, 1), gbs=8) -> Path:
     """A run's records.jsonl: started at 30 s, a step-0 evaluation, three steps of 1 s each
     0.1 s apart, an evaluation of 0.5 s after step 2 (and one GBS change at step 3)."""
     dp, tp, pp = layout
-    step = lambda k, wall, g=gbs: {
-        "kind": "step",
-        "step": k,
-        "samples": 8 * k,
-        "gbs": g,
-        "mbs": 4,  # noqa: E731
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "step_time_s": 1.0,
-        "wall_clock_s": wall,
-    }
+
+    def step(k: int, wall: float, g: int = gbs) -> dict:
+        shape = {"gbs": g, "mbs": 4, "dp": dp, "tp": tp, "pp": pp}
+        return {"kind": "step", "step": k, "samples": 8 * k, **shape, "step_time_s": 1.0, "wall_clock_s": wall}
+
     lines = [
         {"kind": "start", "step": 0, "samples": 0, "wall_clock_s": 30.0},
         {"kind": "eval", "step": 0, "samples": 0, "val_loss": 5.5, "wall_clock_s": 32.0, "eval_time_s": 2.0},

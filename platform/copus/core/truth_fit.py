@@ -22,6 +22,9 @@ from scipy.optimize import least_squares
 
 from copus.core.simulator import CriticalBatch, LossCurve, LrTransient, NoiseEstimate, TrainingModel
 
+DEFAULT_TRANSIENT = LrTransient()  # the simulator's own default: a fit reads runs as it would simulate them
+DEFAULT_LAG = NoiseEstimate()  # the product's half-life rule (gns.half_life_share, gns.min_half_life)
+
 
 @dataclass(frozen=True)
 class Trajectory:
@@ -68,7 +71,7 @@ def predicted_losses(
     curve: LossCurve,
     critical: CriticalBatch,
     seq_len: int,
-    transient: LrTransient = LrTransient(),
+    transient: LrTransient = DEFAULT_TRANSIENT,
 ) -> np.ndarray:
     """The truth's loss at each of `run`'s validation points, stepping its GBS sequence (a point
     past the last step reads the loss after it)."""
@@ -103,7 +106,7 @@ def fit_truth(
     seq_len: int,
     initial: float,
     min_samples: int = 0,
-    transient: LrTransient = LrTransient(),
+    transient: LrTransient = DEFAULT_TRANSIENT,
 ) -> TruthFit:
     """The loss curve and critical batch that best reproduce `runs`' validation losses (least
     squares over every point from `min_samples`), started from several guesses of the critical
@@ -147,7 +150,7 @@ def samples_to(run: Trajectory, target: float) -> int | None:
 
 
 def predicted_samples_to(
-    gbs_per_step, target: float, curve: LossCurve, critical: CriticalBatch, seq_len: int, transient=LrTransient()
+    gbs_per_step, target: float, curve: LossCurve, critical: CriticalBatch, seq_len: int, transient=DEFAULT_TRANSIENT
 ) -> int | None:
     """The samples the truth takes to `target` stepping `gbs_per_step` (None when not within it)."""
     model = TrainingModel(1.0, seq_len, curve, critical, transient)
@@ -179,7 +182,7 @@ def fit_estimate(
     seq_len: int,
     critical_factor: float,
     reference_gbs: float,
-    lag: NoiseEstimate = NoiseEstimate(),
+    lag: NoiseEstimate = DEFAULT_LAG,
     min_samples: int = 0,
 ) -> EstimateFit:
     """The mapping error and noise that make `NoiseEstimate` read as the runs' estimates read:
