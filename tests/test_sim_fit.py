@@ -3,6 +3,7 @@ give its trajectory and the wall-clock it spends outside its steps; `copus simul
 predicts a comparison suite's runs."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,62 @@ def test_simulate_predicts_the_emulated_layout_suite():
     assert set(p["tuning_candidates"]) == {f"static-gbs{g}" for g in (4, 8, 16, 32, 64)} | {
         f"ramp-{n}" for n in (320, 960, 1920)
     }
-    assert p["predicted_picks"]["tuned-static"] in p["tuning_candidates"]
+    assert all(e["runs"] == 3 for e in p["tuning_candidates"].values())  # one per tuning seed
+    assert p["tuned"]["tuned-static"]["candidate"] == p["predicted_picks"]["tuned-static"]
+    assert all(e["runs"] == 8 for e in p["tuned"].values())
     assert set(p["ranking"]) == set(p["policies"]) | {"tuned-static", "tuned-ramp"}
-    times = [(p["policies"] | p["tuning_candidates"])[k] for k in p["policies"]]
-    assert all(e["time_to_target_s"] is None or e["time_to_target_s"] > p["overheads"]["startup_s"] for e in times)
+    times = [e["time_to_target_s"] for e in (p["policies"] | p["tuned"]).values()]
+    assert all(t is None or t > p["overheads"]["startup_s"] for t in times)
+    # The prediction committed before the suite's evaluation is what the command gives.
+    committed = json.loads((REPO / "docs" / "results" / "sim-emulated-layout-prediction.json").read_text())
+    assert p["ranking"] == committed["ranking"]
+    for name, e in (committed["policies"] | committed["tuned"]).items():
+        assert (p["policies"] | p["tuned"])[name]["time_to_target_s"] == pytest.approx(e["time_to_target_s"], rel=1e-9)
+
+
+def _entry(time_s: float, samples: float) -> dict:
+    return {"time_to_target_s": time_s, "samples": samples, "layout_changes": [0]}
+
+
+def test_a_prediction_is_set_against_the_measured_suite_and_its_miss_split_in_two():
+    from copus.sim.suite import check_prediction
+
+    prediction = {
+        "policies": {"copus": _entry(100.0, 2000.0), "static": _entry(120.0, 3000.0)},
+        "tuned": {"tuned-static": _entry(90.0, 1800.0)},
+        "overheads": {"startup_s": 20.0},
+    }
+    runs = [
+        {"policy": "copus", "time_to_target_s": t, "reached_target": True, "samples": 2400, "reconfigurations": 1}
+        for t in (100.0, 134.56)  # geometric mean 116: 20 s of start-up, then 2,400 samples at 25/s
+    ] + [
+        {"policy": "static", "time_to_target_s": 126.0, "reached_target": True, "samples": 3000},
+        {"policy": "tuned-static", "time_to_target_s": 95.0, "reached_target": True, "samples": 1800},
+    ]
+    c = check_prediction(prediction, {"suite": "s", "runs": runs})
+    copus = c["entries"]["copus"]
+    assert copus["measured_s"] == pytest.approx(116.0, rel=1e-4) and copus["ratio"] == pytest.approx(1.16, rel=1e-4)
+    assert not copus["within_15pct"] and c["entries"]["static"]["within_15pct"]
+    m = copus["log_miss"]  # more samples (x1.2) at the predicted speed: all of it statistical
+    assert m["samples"] == pytest.approx(math.log(1.2)) and m["throughput"] == pytest.approx(0.0, abs=1e-4)
+    assert m["samples"] + m["throughput"] + m["startup"] == pytest.approx(m["time"])
+    assert c["predicted_ranking"] == ["tuned-static", "copus", "static"]
+    assert c["measured_ranking"] == ["tuned-static", "copus", "static"] and c["same_ranking"]
+    assert not c["all_within_15pct"]
+
+
+def test_measured_without_suite_or_of_another_suite_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from copus.cli import main as cli_main
+
+    monkeypatch.chdir(REPO)
+    sim = "experiments/sim/emulated_layout.yaml"
+    other = tmp_path / "comparison.json"
+    other.write_text(json.dumps({"suite": "another", "runs": []}))
+    for argv, message in (
+        (["simulate", sim, "--measured", str(other)], "--measured: needs --suite"),
+        (["simulate", sim, "--suite", "experiments/compare_emulated_layout.yaml", "--measured", str(other)],
+         "is suite 'another''s, not 'compare-emulated-layout''s"),
+    ):  # fmt: skip
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err

@@ -103,6 +103,11 @@ def _add_analysis_commands(sub) -> None:
         metavar="SUITE_YAML",
         help="predict this comparison suite's runs instead (its policies over its evaluation seeds, its tuning candidates)",
     )
+    p.add_argument(
+        "--measured",
+        metavar="COMPARISON_JSON",
+        help="with --suite: set the prediction against the suite as measured (its comparison.json)",
+    )
     p = sub.add_parser(
         "calibrate",
         help="measure the critical batch: branch a reference run, sweep the GBS from each branch point, fit (Ray Tune)",
@@ -449,14 +454,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from copus.config import load_suite
     from copus.sim.config import load_sim_config
     from copus.sim.run import run_simulation, simulation_text
-    from copus.sim.suite import predict_suite, suite_text
+    from copus.sim.suite import check_prediction, check_text, predict_suite, read_comparison, suite_text
 
     try:
+        if args.measured and not args.suite:
+            raise ConfigError("--measured: needs --suite (the suite the comparison.json is of)")
         cfg = load_sim_config(args.simulation, args.overrides)
         if args.suite:
             suite, experiment = load_suite(args.suite)
             gbs = (experiment.get("batch") or {}).get("gbs", cfg.batch.gbs)
             result, text = predict_suite(cfg, suite, gbs), suite_text
+            if args.measured:
+                check = check_prediction(result, read_comparison(args.measured, suite.name))
+                result["measured"] = check
+                text = lambda r: suite_text(r) + "\n" + check_text(r["measured"])  # noqa: E731
         else:
             result, text = run_simulation(cfg), simulation_text
     except (ConfigError, ValueError) as err:

@@ -11,7 +11,7 @@ import yaml
 
 from copus.config import ConfigError
 from copus.core.layout import CandidateConfig
-from copus.core.simulator import search_space, simulate
+from copus.core.simulator import planner_view, search_space, simulate
 from copus.sim.config import load_sim_config, setting_from
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,3 +98,31 @@ def test_overheads_add_start_up_evaluations_and_gaps_and_the_target_is_seen_at_a
 def test_an_overhead_layout_label_that_is_not_one_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"overheads.eval_s.dp2: expected a layout label such as dp2-tp1-pp1"):
         load_sim_config(_sim_yaml(tmp_path, overheads={"eval_every_steps": 10, "eval_s": {"dp2": 0.5}}))
+
+
+def test_the_planner_reads_a_real_profile_file_and_trains_at_the_truths_speed(tmp_path):
+    """profile.table: the planner's table is another real profile (here one measured on another
+    machine); static's layout for GBS 16 is that table's fastest, and its run takes the truth's
+    step time for it; the view reports how far the table is from the truth."""
+    table_file = REPO / "docs" / "results" / "profile-emulated-layout-xeon-suite.json"
+    s = setting_from(load_sim_config(_sim_yaml(tmp_path, profile={"table": str(table_file)})))
+    space = search_space(s)
+    view = planner_view(s, space)
+    believed = max((c for c in view.throughputs if c.gbs == 16), key=view.throughputs.get)
+    assert (believed.dp, believed.pp, believed.mbs) == (1, 2, 1)  # the table's fastest at GBS 16
+    run = simulate(s, "static", space)
+    assert run.final == believed
+    truth = dict(zip(*space))
+    assert run.time_to_target_s == pytest.approx(run.steps * 16 / truth[believed], rel=1e-9)
+    r = view.report
+    assert r["source"] == "table" and r["points"] == 36 and r["fit_held_out_mape"] == pytest.approx(0.1151, abs=1e-4)
+    assert r["table_vs_truth_median_ratio"] > 1.5  # that machine is faster than the truth's
+    assert all(sd > 0 for sd in view.throughput_log_sd.values())
+
+
+def test_a_planner_table_of_another_workload_is_refused_in_one_line(tmp_path):
+    other = json.loads(PROFILE.read_text())
+    other["key"]["workload"]["seq_len"] = 32
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match=r"^profile.table: .*other.json: profiles model tiny, seq_len 32"):
+        load_sim_config(_sim_yaml(tmp_path, profile={"table": str(tmp_path / "other.json")}))

@@ -102,3 +102,17 @@ def test_gbs_grid_spacing_and_bounds():
     assert gbs_grid(8, 128) == [8, 12, 16, 24, 32, 48, 64, 96, 128]
     assert gbs_grid(10, 10) == [10]
     assert gbs_grid(20, 100) == [20, 24, 32, 48, 64, 96, 100]
+
+
+def test_a_point_measured_twice_keeps_the_faster_unless_the_two_disagree_then_the_median_of_three():
+    from copus.core.throughput import kept_step_time, measurements_disagree
+
+    assert kept_step_time([0.30]) == 0.30
+    assert kept_step_time([0.30, 0.33]) == 0.30 and not measurements_disagree([0.30, 0.33])  # slowed once
+    # The emulated cluster's point: 0.16 s, then 0.30 s; a third measurement decides.
+    assert measurements_disagree([0.16, 0.30])
+    assert kept_step_time([0.16, 0.30, 0.31]) == 0.30
+    assert kept_step_time([0.16, 0.30, 0.17]) == 0.17
+    assert not measurements_disagree([0.16, 0.30, 0.31])  # three: nothing more to measure
+    with pytest.raises(ValueError):
+        kept_step_time([])

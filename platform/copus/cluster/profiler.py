@@ -28,7 +28,7 @@ from copus.config import ExperimentConfig
 from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, config_bytes
 from copus.core.search import candidates, gbs_grid, profile_points
-from copus.core.throughput import StepTimeModel
+from copus.core.throughput import StepTimeModel, kept_step_time, measurements_disagree
 from copus.core.tradeoffs import layout_table_lines, tradeoff_lines, tradeoffs
 from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord, Record, parse_record
 from copus.tracking import Tracker, flatten
@@ -148,11 +148,16 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
     unmeasured = _measure_space(ctx, space)
     table.fit(shape, cfg.profile.folds)
     # A point far off the model fitted without it was often measured while something else
-    # used the cores: measure it once more and keep the faster median.
+    # used the cores: measure it once more and keep the faster median; where the two disagree
+    # by more than 20%, once more and keep the median of three (copus.core.throughput.kept_step_time).
     suspects = _suspects(table)
     if suspects and time.time() < ctx.deadline:
         echo(f"  measuring {len(suspects)} point(s) far off the model again")
         ctx.measure(suspects, remeasure=True)
+    disputed = [c for c in suspects if measurements_disagree(table.row(c).get("medians", []))]
+    if disputed and time.time() < ctx.deadline:
+        echo(f"  measuring {len(disputed)} point(s) a third time: two measurements disagree by more than 20%")
+        ctx.measure(disputed, remeasure=True)
     model = table.fit(shape, cfg.profile.folds)
     result = _result(ctx, model, space, unmeasured, suspects, t0)
     result["mlflow_run_id"] = _log_to_mlflow(cfg, table, result)
@@ -343,8 +348,9 @@ class _Context:
             "warmup_times": r.warmup_times,
         }
         if remeasure and old is not None and old["status"] == "ok":
-            first = {k: old.get(k, []) for k in values}
-            values = min(first, values, key=lambda v: v["step_time_s"])
+            medians = old.get("medians", [old["step_time_s"]]) + [r.step_time_s]
+            kept = kept_step_time(medians)
+            values |= {"step_time_s": kept, "samples_per_s": c.gbs / kept, "medians": medians}
             values["step_times"] = old["step_times"] + r.step_times
         self.table.record(
             c,

@@ -9,12 +9,14 @@ truth and the planner are the simulation YAML's."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
-from copus.config import SuiteConfig
+from copus.config import ConfigError, SuiteConfig
 from copus.core.layout import CandidateConfig
 from copus.core.ramp import BatchRamp
 from copus.core.simulator import Setting, SimResult, search_space, simulate
@@ -130,3 +132,96 @@ def suite_text(p: dict) -> str:
         moves = "; ".join(f"{c['samples']} samples: {c['from']} -> {c['to']}" for c in changes)
         lines.append(f"  copus seed {i}: {moves or 'no change'}")
     return "\n".join(lines)
+
+
+def _measured_entry(runs: list[dict]) -> dict:
+    times = [r["time_to_target_s"] for r in runs if r.get("reached_target") and r.get("time_to_target_s")]
+    return {
+        "time_to_target_s": _geomean(times) if len(times) == len(runs) else None,
+        "runs": len(runs),
+        "reached": len(times),
+        "samples": float(np.mean([r["samples"] for r in runs])),
+        "reconfigurations": [r.get("reconfigurations", 0) for r in runs],
+    }
+
+
+def _split(predicted: dict, measured: dict, startup_s: float) -> dict:
+    """Where a predicted time misses the measured one, as log ratios (measured over predicted)
+    that add up to the whole: the samples to the target (the statistical side) and the samples
+    per second of training time, start-up left out (the throughput side, evaluations and gaps in
+    it)."""
+    tp, tm = predicted["time_to_target_s"], measured["time_to_target_s"]
+    if tp is None or tm is None or tp <= startup_s or tm <= startup_s:
+        return {"time": None, "samples": None, "throughput": None, "startup": None}
+    time = math.log(tm / tp)
+    samples = math.log(measured["samples"] / predicted["samples"])
+    speed = math.log((predicted["samples"] / (tp - startup_s)) / (measured["samples"] / (tm - startup_s)))
+    return {"time": time, "samples": samples, "throughput": speed, "startup": time - samples - speed}
+
+
+def check_prediction(prediction: dict, comparison: dict) -> dict:
+    """The prediction (`predict_suite`) set against the suite as measured (its comparison.json):
+    per entry the geometric-mean times, their ratio (measured / predicted) and its split into the
+    statistical and throughput sides, whether it is within 15%, and the two rankings."""
+    entries = prediction["policies"] | prediction["tuned"]
+    by_entry: dict[str, list[dict]] = {}
+    for run in comparison.get("runs", []):
+        by_entry.setdefault(run["policy"], []).append(run)
+    startup = float(prediction.get("overheads", {}).get("startup_s", 0.0))
+    rows = {}
+    for name, predicted in entries.items():
+        if name not in by_entry:
+            continue
+        measured = _measured_entry(by_entry[name])
+        split = _split(predicted, measured, startup)
+        ratio = math.exp(split["time"]) if split["time"] is not None else None
+        rows[name] = {
+            "predicted_s": predicted["time_to_target_s"],
+            "measured_s": measured["time_to_target_s"],
+            "ratio": ratio,
+            "within_15pct": ratio is not None and abs(ratio - 1.0) <= 0.15,
+            "log_miss": split,
+            "predicted_samples": predicted["samples"],
+            "measured_samples": measured["samples"],
+            "predicted_layout_changes": predicted["layout_changes"],
+            "measured_reconfigurations": measured["reconfigurations"],
+        }
+    order = lambda key: sorted((k for k in rows if rows[k][key] is not None), key=lambda k: rows[k][key])  # noqa: E731
+    return {
+        "entries": rows,
+        "predicted_ranking": order("predicted_s"),
+        "measured_ranking": order("measured_s"),
+        "same_ranking": order("predicted_s") == order("measured_s"),
+        "all_within_15pct": bool(rows) and all(r["within_15pct"] for r in rows.values()),
+    }
+
+
+def check_text(c: dict) -> str:
+    lines = ["prediction against the measured suite (geometric-mean time to target, s):"]
+    for name, r in c["entries"].items():
+        m = r["log_miss"]
+        ratio = f"x{r['ratio']:.2f}" if r["ratio"] is not None else "n/a"
+        split = (
+            f" (samples {m['samples']:+.2f}, throughput {m['throughput']:+.2f} in log)" if m["time"] is not None else ""
+        )
+        predicted = f"{r['predicted_s']:.1f}" if r["predicted_s"] is not None else "miss"
+        measured = f"{r['measured_s']:.1f}" if r["measured_s"] is not None else "miss"
+        lines.append(f"  {name:18s} predicted {predicted:>6s}, measured {measured:>6s}: {ratio}{split}")
+    lines.append("predicted ranking: " + " < ".join(c["predicted_ranking"]))
+    lines.append("measured ranking:  " + " < ".join(c["measured_ranking"]))
+    lines.append(f"same ranking: {c['same_ranking']}; every entry within 15%: {c['all_within_15pct']}")
+    return "\n".join(lines)
+
+
+def read_comparison(path: str, suite_name: str) -> dict:
+    """A suite's comparison.json, refused in one line when it is unreadable, has no runs or is
+    another suite's."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"--measured: {path}: not a readable JSON file ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise ConfigError(f"--measured: {path}: runs: expected a comparison.json's list of runs")
+    if data.get("suite") != suite_name:
+        raise ConfigError(f"--measured: {path}: is suite {data.get('suite')!r}'s, not {suite_name!r}'s")
+    return data
