@@ -70,6 +70,21 @@ HEADLINES = (
         "copus-threshold",
         "copus compare experiments/compare_cpu_rule.yaml",
     ),
+    Headline(
+        "EMULATED 2-node cluster (CPU compute, 185 Mbit/s links), layout suite: COPUS against the best "
+        "baseline (tuned ramp); the layout never moved",
+        ("compare-emulated-layout.json",),
+        "copus",
+        "tuned-ramp",
+        "copus compare experiments/compare_emulated_layout.yaml (root)",
+    ),
+    Headline(
+        "same suite: COPUS against its copus-gbs ablation (layout and MBS kept)",
+        ("compare-emulated-layout.json",),
+        "copus",
+        "copus-gbs",
+        "copus compare experiments/compare_emulated_layout.yaml (root)",
+    ),
 )
 
 
