@@ -153,13 +153,21 @@ def measure_allreduce(emulate, state: dict, per_node: int, numel: int, rounds: i
 
 def compute_time(experiment: str, cfg, allreduce_uncapped_s: float) -> float:
     """The all-data-parallel layout's step at the reference GBS (links uncapped), less its all-reduce."""
-    gbs, world = cfg.optimizer.reference_gbs or cfg.batch.gbs, cfg.cluster.num_workers
+    from copus.cluster.emulate_link import reference_shape
+    from copus.core.tuning import layout_overrides
+
+    world, (_, _, per_rank) = cfg.cluster.num_workers, reference_shape(cfg)
+    gbs = per_rank * world
     sets = [
         f"cluster.emulate.link_mbit={UNCAPPED_MBIT}",
+        "cluster.emulate.compute_reference_s=null",  # uncapped on every machine
         f"search.layouts=[[{world},1,1]]",
         f"search.gbs_min={gbs}",
         f"search.gbs_max={2 * gbs}",
-        f"search.mbs=[{gbs // world}]",
+        f"search.mbs=[{per_rank}]",
+        f"batch.gbs={gbs}",
+        f"batch.mbs={per_rank}",
+        *layout_overrides((world, 1, 1)),
         "profile.budget_s=120",
         "tracking.experiment=link-rate-bench",
     ]
@@ -213,7 +221,7 @@ def run(args) -> None:
     if problem:
         raise SystemExit(f"link_rate: {problem}")
     cfg = load_config(args.experiment)
-    spec = emulate.EmulatedSpec.from_cluster_config(cfg.cluster)
+    spec = emulate.EmulatedSpec.from_config(cfg)
     numel = cfg.flavour().param_count()
     print(f"{spec.describe()}; gradient {numel * 4 / 1e6:.2f} MB (fp32), {spec.workers_per_node} ranks per node")
     with emulate.emulated_cluster(spec) as state:

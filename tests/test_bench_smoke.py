@@ -33,11 +33,18 @@ LAST_LINES = {
     rf"\((95% interval {NUMBER}% to {NUMBER}%|95% interval (from|up to) {NUMBER}%, unbounded (above|below): .*"
     r"|no 95% interval, unbounded below and above: .*|no share: .*|no interval: .*)\)",
     "prepare.py": r"same token files: True",
+    "profile_timing.py": rf"continuous/run x{NUMBER} \({NUMBER}-{NUMBER}\), barrier/run x{NUMBER} \({NUMBER}-{NUMBER}\) "
+    r"over \d+ configurations",
     "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",
     "reshard.py": rf"\d+ ranks: in place {NUMBER} s .*, through DCP on disk {NUMBER} s: {NUMBER}x",
     "simulate.py": rf"full simulated comparison: {NUMBER} s wall-clock",
 }
-RAY_SCRIPTS = {"faults.py", "reconfigure.py", "link_rate.py"}  # a Ray cluster (local, or emulated) each
+RAY_SCRIPTS = {
+    "faults.py",
+    "reconfigure.py",
+    "link_rate.py",
+    "profile_timing.py",
+}  # a Ray cluster (local, or emulated) each
 NEEDS_ROOT = {"link_rate.py"}  # an emulated cluster: namespaces, tc, cpusets
 
 

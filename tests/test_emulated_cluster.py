@@ -196,6 +196,12 @@ def test_an_in_place_layout_change_moves_state_across_nodes(cluster):
     assert summary["steps"] > second["step"] and summary["skipped_samples"] == 0
     topo = summary["topology"]
     assert (topo["emulated"], topo["nodes"], topo["ranks_per_node"], topo["link_mbit"]) == (True, 2, 2, LINK_MBIT)
+    assert topo["link_rate"] == {
+        "link_mbit": LINK_MBIT,
+        "configured_mbit": LINK_MBIT,
+        "reference_step_s": None,
+        "measured_step_s": None,
+    }
     # The data-parallel all-reduce went over the capped links: each node sent and received at
     # least its share of one all-reduce of the model's gradient per dp4 step (ring: 2 (n-1)/n of it).
     grad_bytes = config_from_mapping(mapping).flavour().param_count() * 4

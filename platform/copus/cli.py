@@ -547,16 +547,16 @@ def main(argv: list[str] | None = None) -> int:
 RAY_COMMANDS = ("run", "gns", "profile", "compare", "calibrate")
 
 
-def _cluster_section(args: argparse.Namespace):
-    """The cluster section of the experiment a Ray command works on (a suite's, for compare)."""
+def _ray_experiment(args: argparse.Namespace) -> ExperimentConfig:
+    """The experiment a Ray command works on (a suite's, for compare)."""
     from copus.config import config_from_mapping, load_suite
 
     if args.command == "compare":
         suite, experiment = load_suite(args.suite, args.overrides)
-        return config_from_mapping(experiment, suite.set + args.overrides).cluster
+        return config_from_mapping(experiment, suite.set + args.overrides)
     if args.command in SUITE_AWARE:
-        return experiment_config(args).cluster
-    return load_config(args.experiment, args.overrides).cluster
+        return experiment_config(args)
+    return load_config(args.experiment, args.overrides)
 
 
 def _emulated_cluster_for(args: argparse.Namespace) -> contextlib.AbstractContextManager:
@@ -565,14 +565,15 @@ def _emulated_cluster_for(args: argparse.Namespace) -> contextlib.AbstractContex
     if args.command not in RAY_COMMANDS:
         return contextlib.nullcontext()
     try:
-        cluster = _cluster_section(args)
+        cfg = _ray_experiment(args)
     except ConfigError:  # the command itself reports it, with its exit code
         return contextlib.nullcontext()
+    cluster = cfg.cluster
     if cluster.emulate is None or cluster.address or os.environ.get("RAY_ADDRESS"):
         return contextlib.nullcontext()
     from copus.cluster.emulate import EmulatedSpec, emulated_cluster
 
-    return emulated_cluster(EmulatedSpec.from_cluster_config(cluster), lambda line: print(line, file=sys.stderr))
+    return emulated_cluster(EmulatedSpec.from_config(cfg), lambda line: print(line, file=sys.stderr))
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
@@ -583,11 +584,11 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         if args.experiment is None:
             print("copus: cluster up: name the experiment YAML whose cluster.emulate to bring up", file=sys.stderr)
             return 2
-        cluster = load_config(args.experiment, args.overrides).cluster
-        if cluster.emulate is None:
+        cfg = load_config(args.experiment, args.overrides)
+        if cfg.cluster.emulate is None:
             print(f"copus: {args.experiment}: cluster.emulate: not set, nothing to emulate", file=sys.stderr)
             return 2
-        state = emulate.up(emulate.EmulatedSpec.from_cluster_config(cluster))
+        state = emulate.up(emulate.EmulatedSpec.from_config(cfg))
         exports = " ".join(f"{k}={v}" for k, v in {**state["env"], "RAY_ADDRESS": state["address"]}.items())
         print(f"join it:  export {exports}")
         print(f"jobs API: ray job submit --address {state['dashboard']} --working-dir . -- COMMAND")

@@ -250,6 +250,11 @@ class EmulateConfig(Section):
 
     nodes: int = Field(2, ge=2, le=64)
     link_mbit: float = Field(..., gt=0.0, le=100_000.0)  # the inter-node rate, each direction
+    # The reference step's compute (`python -m copus.train.reference_step EXPERIMENT`) on the
+    # machine link_mbit was chosen on: set, the rate on another machine is link_mbit times this
+    # over the step measured there, so that the all-reduce weighs against compute alike
+    # (copus.cluster.emulate_link). Unset: link_mbit on every machine.
+    compute_reference_s: float | None = Field(None, gt=0.0, le=3600.0)
     cores_per_node: int = Field(1, ge=1)  # cores each node owns (wrapping round the machine's cores)
     subnet: str = "10.77.0.0/24"  # the bridge's; the head is .1, node i is .(10 + i)
     port: int = Field(6390, ge=1024, le=65535)  # the head's GCS port; its dashboard (job API) is port + 1
@@ -295,6 +300,10 @@ class ProfileConfig(Section):
         64, ge=1
     )  # measure only GBS values of at most this many micro-batches per step
     folds: int = Field(5, ge=2)  # cross-validation folds for the model's error
+    # How a step is timed: "barrier", each from a barrier to its end, or "continuous", the timed
+    # steps back to back as training runs them (each from its start to the next one's). Against
+    # runs of the same configurations the two read alike (bench/profile_timing.py, docs/profile.md).
+    timing: Literal["barrier", "continuous"] = "barrier"
     table_dir: StorageLocation | None = None  # default: OUTPUT_DIR/profiles (share it between experiments)
 
 

@@ -108,7 +108,9 @@ def test_a_point_measured_twice_keeps_the_faster_unless_the_two_disagree_then_th
     from copus.core.throughput import kept_step_time, measurements_disagree
 
     assert kept_step_time([0.30]) == 0.30
-    assert kept_step_time([0.30, 0.33]) == 0.30 and not measurements_disagree([0.30, 0.33])  # slowed once
+    # Two within 20%: the slower (the emulated cluster's pp2 point read 0.083 then 0.071 s; runs
+    # of it paid 0.089-0.098 s).
+    assert kept_step_time([0.083, 0.071]) == 0.083 and not measurements_disagree([0.083, 0.071])
     # The emulated cluster's point: 0.16 s, then 0.30 s; a third measurement decides.
     assert measurements_disagree([0.16, 0.30])
     assert kept_step_time([0.16, 0.30, 0.31]) == 0.30

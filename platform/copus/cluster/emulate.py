@@ -59,12 +59,15 @@ class EmulatedSpec:
     cpus_per_node: int  # the CPUs each node advertises to Ray: its workers' share, rounded up
 
     @classmethod
-    def from_cluster_config(cls, c) -> EmulatedSpec:
-        e = c.emulate
+    def from_config(cls, cfg) -> EmulatedSpec:
+        """From an experiment's config; the link at its rate on this machine (emulate_link)."""
+        from copus.cluster.emulate_link import link_rate
+
+        c, e = cfg.cluster, cfg.cluster.emulate
         per_node = c.num_workers // e.nodes
         return cls(
             nodes=e.nodes,
-            link_mbit=float(e.link_mbit),
+            link_mbit=link_rate(cfg).link_mbit,
             cores_per_node=e.cores_per_node,
             subnet=e.subnet,
             port=e.port,

@@ -71,7 +71,7 @@ def _emulated_address(cfg: ExperimentConfig) -> tuple[str, str]:
     this process's environment; refuses when none of that description is up."""
     from ray._raylet import Config
 
-    spec = emulate.EmulatedSpec.from_cluster_config(cfg.cluster)
+    spec = emulate.EmulatedSpec.from_config(cfg)
     state = emulate.status(spec.state_dir)
     if state is None or not state["healthy"] or state["spec"] != dataclasses.asdict(spec):
         raise ConfigError(
@@ -91,8 +91,12 @@ def run_topology(cfg: ExperimentConfig) -> dict:
     (one node); on a cluster that was joined the placement is Ray's and reported as null."""
     c = cfg.cluster
     joined = bool(os.environ.get("RAY_ADDRESS") or c.address)
+    rate = None
     if c.emulate is not None:  # also under `ray job submit` to it (RAY_ADDRESS names its head)
-        nodes, link = c.emulate.nodes, float(c.emulate.link_mbit)
+        from copus.cluster.emulate_link import link_rate
+
+        rate = link_rate(cfg)
+        nodes, link = c.emulate.nodes, rate.link_mbit
     else:
         nodes, link = (None if joined else 1), None
     return {
@@ -100,6 +104,9 @@ def run_topology(cfg: ExperimentConfig) -> dict:
         "nodes": nodes,
         "ranks_per_node": c.num_workers // nodes if nodes else None,
         "link_mbit": link,
+        # How the rate was set on this machine (configured, reference and measured step); null
+        # off an emulated cluster.
+        "link_rate": rate.as_dict() if rate is not None else None,
         "mesh_order": list(MESH_ORDER),
     }
 

@@ -62,8 +62,14 @@ def detect_hardware(cfg: ExperimentConfig) -> dict:
     )
     hardware = ray.get(task.remote(c.use_gpu))
     if c.emulate is not None:
+        from copus.cluster.emulate_link import link_rate
+
         e = c.emulate
-        hardware["emulated"] = {"nodes": e.nodes, "link_mbit": float(e.link_mbit), "cores_per_node": e.cores_per_node}
+        hardware["emulated"] = {
+            "nodes": e.nodes,
+            "link_mbit": link_rate(cfg).link_mbit,
+            "cores_per_node": e.cores_per_node,
+        }
     return hardware
 
 
@@ -147,8 +153,8 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
     ctx = _Context(cfg, plan, table, table_dir, hardware, t0 + cfg.profile.budget_s, echo)
     unmeasured = _measure_space(ctx, space)
     table.fit(shape, cfg.profile.folds)
-    # A point far off the model fitted without it was often measured while something else
-    # used the cores: measure it once more and keep the faster median; where the two disagree
+    # A point far off the model fitted without it may have been measured at a moment unlike a
+    # run's: measure it once more and keep the slower median; where the two disagree
     # by more than 20%, once more and keep the median of three (copus.core.throughput.kept_step_time).
     suspects = _suspects(table)
     if suspects and time.time() < ctx.deadline:
@@ -338,7 +344,7 @@ class _Context:
             self._record_point(r, remeasure)
 
     def _record_point(self, r: ProfilePointRecord, remeasure: bool) -> None:
-        """A measured point into the table (saved at once); measured again, the faster median wins."""
+        """A measured point into the table (saved at once); measured again, as kept_step_time keeps."""
         c = r.candidate()
         old = self.table.row(c)
         values = {
@@ -346,6 +352,7 @@ class _Context:
             "step_times": r.step_times,
             "samples_per_s": r.samples_per_s,
             "warmup_times": r.warmup_times,
+            "timing": self.cfg.profile.timing,
         }
         if remeasure and old is not None and old["status"] == "ok":
             medians = old.get("medians", [old["step_time_s"]]) + [r.step_time_s]
@@ -397,6 +404,7 @@ class _Context:
                 self.cfg.profile.steps,
                 self.deadline,
                 self.fail_at,
+                timing=self.cfg.profile.timing,
             )
             self.in_flight, self.layout = None, None
             error = _run_group(self.cfg, job, on_record)

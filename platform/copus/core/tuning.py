@@ -59,7 +59,7 @@ def static_candidate(gbs: int, start: CandidateConfig) -> TuningCandidate:
         "batch.ramp=null",
         f"batch.gbs={gbs}",
         f"batch.mbs={start.mbs}",
-        *_layout_overrides((start.dp, start.tp, start.pp)),
+        *layout_overrides((start.dp, start.tp, start.pp)),
     )
     return TuningCandidate(f"static-gbs{gbs}", "static", {"gbs": gbs}, overrides)
 
@@ -82,13 +82,14 @@ def ramp_candidate(
         "policy.layout=given",
         f"batch.gbs={final_gbs}",
         f"batch.mbs={mbs}",
-        *_layout_overrides(layout),
+        *layout_overrides(layout),
         f"batch.ramp={{start_gbs: {start_gbs}, increment: {increment}, samples: {samples}}}",
     )
     return TuningCandidate(f"ramp-{samples}", "ramp", settings, overrides)
 
 
-def _layout_overrides(layout: tuple[int, int, int]) -> list[str]:
+def layout_overrides(layout: tuple[int, int, int]) -> list[str]:
+    """The --set overrides that put an experiment in `layout` (dp, tp, pp)."""
     return [f"parallel.{axis}={size}" for axis, size in zip(("dp", "tp", "pp"), layout)]
 
 

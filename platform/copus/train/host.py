@@ -14,7 +14,7 @@ import torch
 GIB = 1024**3
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -36,7 +36,7 @@ def describe_hardware(use_gpu: bool) -> dict:
     """Accelerator (or CPU) model, count and memory of this node. Memory is rounded to GiB so
     two machines of one kind get the same description."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    host = {"cpu": _cpu_model(), "cores": cores, "host_memory_gib": round(_host_memory_bytes() / GIB)}
+    host = {"cpu": cpu_model(), "cores": cores, "host_memory_gib": round(_host_memory_bytes() / GIB)}
     if use_gpu and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return {

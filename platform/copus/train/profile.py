@@ -45,6 +45,10 @@ class ProfileJob:
     steps: int
     deadline: float  # time.time() after which no new point starts
     fail_at: str | None = None  # CandidateConfig.label() of a point at which rank 0 raises InjectedFault
+    # "barrier": each step from a barrier to its end (the ranks' idle time between steps not
+    # counted); "continuous": the timed steps back to back, as in training, each from its own
+    # start to the next step's (data included, no barrier between them).
+    timing: str = "barrier"
     # The first point of a fresh worker group warms up for at least this long: for the first
     # seconds the group's own start-up (Ray's workers and agents) still competes for the cores.
     settle_s: float = 3.0
@@ -143,24 +147,68 @@ def _time_steps(
 ) -> tuple[list[float], list[float]]:
     """(timed steps, warm-up steps): each step's time is the slowest rank's. A step is warm-up
     while within job.warmup_steps or, on every rank's word, before `settle_until`."""
-    model, optimizer, stream = replica
+    model = replica[0]
     rank, _ = world_rank_size()
     clock = _StepClock(model.device)
-    times, warmup = [], []
-    i = 0
-    while len(times) < job.steps:
-        if rank == 0 and job.fail_at == cfg.label() and i == job.warmup_steps:
-            raise InjectedFault(f"injected failure at {cfg.label()}")
-        batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
-        inputs, targets = stream.windows.batch(batch.sample_indices)
-        lr = plan.lr.lr(0, cfg.gbs)
-        if dist.is_initialized():
-            dist.barrier()
-        elapsed = clock.time(
-            partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip)
-        )
-        elapsed = agree(elapsed, model.device)
-        warming = i < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0
-        (warmup if warming else times).append(elapsed)
-        i += 1
-    return times, warmup
+    warmup: list[float] = []
+    while len(warmup) < job.warmup_steps or agree(float(time.time() < settle_until), model.device) > 0:
+        warmup.append(_barrier_step(clock, plan, cfg, replica))
+    if rank == 0 and job.fail_at == cfg.label():
+        # Where the other ranks' next collective is the timed steps' first barrier: the one the
+        # failing rank's clean-up (the model's close) also enters.
+        raise InjectedFault(f"injected failure at {cfg.label()}")
+    if job.timing == "barrier":
+        return [_barrier_step(clock, plan, cfg, replica) for _ in range(job.steps)], warmup
+    return _continuous_steps(job.steps, plan, cfg, replica), warmup
+
+
+def _step(plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> None:
+    """One training step at cfg's batch shape, its data fetched as training fetches it."""
+    model, optimizer, stream = replica
+    batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
+    inputs, targets = stream.windows.batch(batch.sample_indices)
+    train_step(model, optimizer, inputs, targets, cfg.mbs, plan.lr.lr(0, cfg.gbs), plan.optimizer.grad_clip)
+
+
+def _barrier_step(clock: _StepClock, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> float:
+    """One step timed from a barrier to its end (the data fetched before the barrier); the
+    slowest rank's time."""
+    model, optimizer, stream = replica
+    batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
+    inputs, targets = stream.windows.batch(batch.sample_indices)
+    if dist.is_initialized():
+        dist.barrier()
+    lr = plan.lr.lr(0, cfg.gbs)
+    elapsed = clock.time(partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip))
+    return agree(elapsed, model.device)
+
+
+def _continuous_steps(steps: int, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> list[float]:
+    """`steps` steps back to back after one barrier, each timed from its start to the next
+    one's, as a training run pays them (the ranks' waits on one another included); agreed on
+    (the slowest rank's) only after the last, so that no collective of the measurement's own
+    runs between them."""
+    model = replica[0]
+    cuda = model.device.type == "cuda"
+    if dist.is_initialized():
+        dist.barrier()
+    marks = []
+    for _ in range(steps):
+        marks.append(_mark(cuda))
+        _step(plan, cfg, replica)
+    marks.append(_mark(cuda))
+    if cuda:
+        marks[-1].synchronize()
+        times = [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:])]
+    else:
+        times = [b - a for a, b in zip(marks, marks[1:])]
+    return [agree(t, model.device) for t in times]
+
+
+def _mark(cuda: bool):
+    """A point in time: a recorded CUDA event (the queued kernels before it count) or perf_counter."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
