@@ -16,6 +16,12 @@ from copus.config import ConfigError, config_from_mapping
 from copus.train import reference_step
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_cache(monkeypatch):
+    """Each test starts as a new process would: nothing measured in it yet."""
+    monkeypatch.setattr(emulate_link, "_MEASURED", {})
+
+
 def _config(base_mapping: dict, **emulated):
     mapping = {**base_mapping, "cluster": {"num_workers": 2, "emulate": {"nodes": 2, "link_mbit": 200.0, **emulated}}}
     return config_from_mapping(mapping)
@@ -67,7 +73,20 @@ def test_a_damaged_cache_file_is_measured_again(base_mapping, monkeypatch, tmp_p
     (cached,) = (tmp_path / "cache" / "reference-step").glob("*.json")
     cached.write_text("{not json")
     monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: 0.1)
+    assert emulate_link.link_rate(cfg).link_mbit == 100.0  # this process keeps what it measured
+    monkeypatch.setattr(emulate_link, "_MEASURED", {})  # a new process reads the damaged file
     assert emulate_link.link_rate(cfg).link_mbit == 200.0
+
+
+def test_an_unwritable_cache_still_gives_one_rate_per_process(base_mapping, monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("COPUS_CACHE_DIR", str(blocker))
+    readings = iter([0.05, 0.2])
+    monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: next(readings))
+    cfg = _config(base_mapping, compute_reference_s=0.1)
+    assert emulate_link.link_rate(cfg).link_mbit == 400.0
+    assert EmulatedSpec.from_config(cfg).link_mbit == 400.0  # not measured again: 0.2 unread
 
 
 def test_the_real_reference_step_is_a_few_milliseconds_of_training(base_mapping, tmp_path, capsys):

@@ -59,20 +59,30 @@ def link_rate(cfg: ExperimentConfig) -> LinkRate:
     )
 
 
+# Measured in this process, by cache file: every caller of one process sees one rate, even where
+# the cache cannot be written.
+_MEASURED: dict[Path, float] = {}
+
+
 def measured_reference_step_s(cfg: ExperimentConfig) -> float:
     flavour, seq_len, samples = reference_shape(cfg)
     path = _cache_path(flavour, seq_len, samples)
+    if path in _MEASURED:
+        return _MEASURED[path]
     try:
-        return float(json.loads(path.read_text())["reference_step_s"])
+        return _MEASURED.setdefault(path, float(json.loads(path.read_text())["reference_step_s"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from copus.train.reference_step import reference_step_s  # torch: only when measuring
 
-    seconds = reference_step_s(flavour, seq_len, samples)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"reference_step_s": seconds, "key": _cache_key(flavour, seq_len, samples)}))
-    tmp.replace(path)  # whole or not at all: a reader never sees half a file
+    seconds = _MEASURED.setdefault(path, reference_step_s(flavour, seq_len, samples))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"reference_step_s": seconds, "key": _cache_key(flavour, seq_len, samples)}))
+        tmp.replace(path)  # whole or not at all: a reader never sees half a file
+    except OSError:
+        pass  # an unwritable cache: this process keeps its measurement, the next measures again
     return seconds
 
 
