@@ -63,9 +63,8 @@ def _shape_sets(dp: int, tp: int, pp: int, mbs: int, gbs: int) -> list[str]:
 def profiled_step_s(experiment: str, shape: tuple, timing: str, steps: int, out: Path) -> float:
     sets = [*_shape_sets(*shape), f"profile.timing={timing}", f"profile.steps={steps}", "profile.budget_s=300"]
     sets += [f"output_dir={out}", "tracking.experiment=profile-timing-bench"]
-    out = _copus(["profile", experiment, "--json", *[f"--set={s}" for s in sets]])
-    table = json.loads(Path(json.loads(out)["table"]).read_text())
-    dp, tp, pp, mbs, gbs = shape
+    result = json.loads(_copus(["profile", experiment, "--json", *[f"--set={s}" for s in sets]]))
+    table = json.loads(Path(result["table"]).read_text())
     (row,) = [r for r in table["rows"] if (r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]) == shape]
     return row["step_time_s"]
 
@@ -146,10 +145,8 @@ def _cluster(cfg):
 
 def report(rows: list[dict]) -> None:
     ratios = {t: [r[t] / r["run_gap"] for r in rows] for t in ("continuous", "barrier")}
-    for r in rows:
-        print(
-            f"  {r['config']}: continuous/run x{r['continuous'] / r['run_gap']:.2f}, barrier/run x{r['barrier'] / r['run_gap']:.2f}"
-        )
+    for r, continuous, barrier in zip(rows, ratios["continuous"], ratios["barrier"]):
+        print(f"  {r['config']}: continuous/run x{continuous:.2f}, barrier/run x{barrier:.2f}")
     parts = [f"{t}/run x{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for t, v in ratios.items()]
     print(f"{', '.join(parts)} over {len(rows)} configurations")
 

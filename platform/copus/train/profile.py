@@ -18,7 +18,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import torch
@@ -55,23 +54,25 @@ class ProfileJob:
 
 
 class _StepClock:
-    """Wall time of one step on this rank: CUDA events on a GPU (the step's kernels included),
-    perf_counter on a CPU."""
+    """Points in time on this rank: recorded CUDA events on a GPU (the kernels queued before a
+    point count), perf_counter on a CPU; `seconds` between two of them."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
-    def time(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, marks: list) -> list[float]:
+        """The seconds between consecutive marks (waiting for the last one's kernels)."""
+        if not self.cuda:
+            return [b - a for a, b in zip(marks, marks[1:])]
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:])]
 
 
 def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple, list[CandidateConfig]]]:
@@ -159,56 +160,45 @@ def _time_steps(
         raise InjectedFault(f"injected failure at {cfg.label()}")
     if job.timing == "barrier":
         return [_barrier_step(clock, plan, cfg, replica) for _ in range(job.steps)], warmup
-    return _continuous_steps(job.steps, plan, cfg, replica), warmup
+    return _continuous_steps(clock, job.steps, plan, cfg, replica), warmup
 
 
-def _step(plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> None:
-    """One training step at cfg's batch shape, its data fetched as training fetches it."""
-    model, optimizer, stream = replica
+def _fetch(plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's inputs and targets of the next step at cfg's batch shape, as training fetches them."""
+    model, _, stream = replica
     batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
-    inputs, targets = stream.windows.batch(batch.sample_indices)
-    train_step(model, optimizer, inputs, targets, cfg.mbs, plan.lr.lr(0, cfg.gbs), plan.optimizer.grad_clip)
+    return stream.windows.batch(batch.sample_indices)
+
+
+def _train(plan: WorkerPlan, cfg: CandidateConfig, replica: tuple, data: tuple[torch.Tensor, torch.Tensor]) -> None:
+    model, optimizer, _ = replica
+    train_step(model, optimizer, *data, cfg.mbs, plan.lr.lr(0, cfg.gbs), plan.optimizer.grad_clip)
 
 
 def _barrier_step(clock: _StepClock, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> float:
     """One step timed from a barrier to its end (the data fetched before the barrier); the
     slowest rank's time."""
-    model, optimizer, stream = replica
-    batch = replica_batch(stream.next_global_batch(cfg.gbs), model.dp_rank, plan.dp, cfg.mbs)
-    inputs, targets = stream.windows.batch(batch.sample_indices)
+    data = _fetch(plan, cfg, replica)
     if dist.is_initialized():
         dist.barrier()
-    lr = plan.lr.lr(0, cfg.gbs)
-    elapsed = clock.time(partial(train_step, model, optimizer, inputs, targets, cfg.mbs, lr, plan.optimizer.grad_clip))
-    return agree(elapsed, model.device)
+    start = clock.mark()
+    _train(plan, cfg, replica, data)
+    (elapsed,) = clock.seconds([start, clock.mark()])
+    return agree(elapsed, replica[0].device)
 
 
-def _continuous_steps(steps: int, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple) -> list[float]:
+def _continuous_steps(
+    clock: _StepClock, steps: int, plan: WorkerPlan, cfg: CandidateConfig, replica: tuple
+) -> list[float]:
     """`steps` steps back to back after one barrier, each timed from its start to the next
-    one's, as a training run pays them (the ranks' waits on one another included); agreed on
-    (the slowest rank's) only after the last, so that no collective of the measurement's own
-    runs between them."""
-    model = replica[0]
-    cuda = model.device.type == "cuda"
+    one's, as a training run pays them (its data and the ranks' waits on one another included);
+    agreed on (the slowest rank's) only after the last, so that no collective of the
+    measurement's own runs between them."""
     if dist.is_initialized():
         dist.barrier()
     marks = []
     for _ in range(steps):
-        marks.append(_mark(cuda))
-        _step(plan, cfg, replica)
-    marks.append(_mark(cuda))
-    if cuda:
-        marks[-1].synchronize()
-        times = [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:])]
-    else:
-        times = [b - a for a, b in zip(marks, marks[1:])]
-    return [agree(t, model.device) for t in times]
-
-
-def _mark(cuda: bool):
-    """A point in time: a recorded CUDA event (the queued kernels before it count) or perf_counter."""
-    if not cuda:
-        return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
+        marks.append(clock.mark())
+        _train(plan, cfg, replica, _fetch(plan, cfg, replica))
+    marks.append(clock.mark())
+    return [agree(t, replica[0].device) for t in clock.seconds(marks)]

@@ -17,8 +17,8 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
+from copus.train.parallel_model import token_loss
 from workloads.flavours import ModelFlavour
 from workloads.llama import build_model
 
@@ -46,8 +46,7 @@ def _median_step(flavour: ModelFlavour, seq_len: int, samples: int, steps: int) 
     for i in range(WARMUP_STEPS + steps):
         t0 = time.perf_counter()
         logits = model(inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        loss.backward()
+        token_loss(logits, targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i >= WARMUP_STEPS:
