@@ -25,6 +25,8 @@ LAST_LINES = {
     "hf_load.py": rf"layout dp\d+-tp\d+-pp\d+: per rank held {NUMBER} MB \(= bytes read\), peak RSS growth .*",
     "link_rate.py": rf"configured {NUMBER} Mbit/s: achieved {NUMBER} Mbit/s \(x{NUMBER}\); dp all-reduce/compute "
     rf"({NUMBER}|n/a) at GBS \d+",
+    "horizon.py": rf"horizon/left x{NUMBER} \(p10 x{NUMBER}, p90 x{NUMBER}\) over \d+ readings of \d+ runs; the latest 8 "
+    rf"evaluations x{NUMBER} \(p10 x{NUMBER}, p90 x{NUMBER}\)",
     "layouts.py": rf"best of \d+ workers: dp\d+ tp\d+ pp\d+.* gbs \d+ mbs \d+: {NUMBER} samples/s",
     "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
     "noise_tracking.py": rf"tracking: progress x({NUMBER}|nan), fixed x({NUMBER}|nan)",

@@ -10,6 +10,7 @@ import pytest
 from copus.cluster.controller import Controller, ControllerSpec
 from copus.core.efficiency import adascale_gain, efficiency, statistical_efficiency
 from copus.core.layout import CandidateConfig
+from copus.core.planner import RuleSettings
 from copus.core.reconfiguration import BranchRequest
 from copus.core.schedule import LRSchedule
 from copus.records import ReconfigureRecord
@@ -437,3 +438,37 @@ def test_the_threshold_rule_stays_selectable_and_reads_as_before():
     c.push(step(3, 11.5, start))
     assert c.evaluations[-1]["rule"] == "threshold" and c.evaluations[-1]["transient_s"] == 0.0
     assert c.decision().config == CandidateConfig(1, 1, 2, 2, 16)
+
+
+def test_the_current_configurations_speed_is_its_latest_stretch_after_it_settled():
+    from copus.cluster.controller import SPEED_MIN_STEPS, SPEED_SETTLE_STEPS, current_speed
+
+    def steps(label, n, seconds, gbs=16):
+        return [{"config": label, "step_time_s": seconds, "gbs": gbs} for _ in range(n)]
+
+    settled = SPEED_SETTLE_STEPS + SPEED_MIN_STEPS
+    # an earlier stretch in the same configuration does not count; the first steps after a switch are left out
+    history = steps("a", 30, 0.1) + steps("b", 5, 0.5) + steps("a", SPEED_SETTLE_STEPS, 9.0) + steps("a", 9, 0.2)
+    assert math.isnan(current_speed(history, "a"))  # 9 settled steps: not yet
+    history += steps("a", 1, 0.2)
+    assert len(history) - 35 == settled
+    assert current_speed(history, "a") == pytest.approx(16 / 0.2)
+    history += [{"config": "a", "step_time_s": 3.0, "gbs": 16}]  # one slow step: the median keeps it out
+    assert current_speed(history, "a") == pytest.approx(16 / 0.2)
+    assert math.isnan(current_speed(history, "b"))  # not the latest stretch
+
+
+def test_a_decision_reads_the_current_configuration_at_the_runs_own_speed():
+    """Its step records say the run pays 0.1 s a step at GBS 8 (80 samples/s) where the profile
+    read 100: the decision's current throughput is the run's, a candidate's the model's times
+    the same factor; with `read_run_speed` off, the profile's figures stand."""
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    model = tuple((c, 1.25 * v) for c, v in TABLE)  # the model reads every point 25% faster still
+    for read, current, other in ((True, 80.0, 375.0 * 80.0 / 125.0), (False, 100.0, 300.0)):
+        c = Controller(spec(model_throughputs=model, rule=RuleSettings(read_run_speed=read)))
+        for n in range(1, 16):
+            c.push(step(n, 0.9 * n, start))
+        e = c.evaluations[-1]
+        assert e["current"]["throughput"] == pytest.approx(current)
+        assert e["best"]["config"] == CandidateConfig(1, 1, 2, 2, 16).as_dict()
+        assert e["best"]["throughput"] == pytest.approx(other)

@@ -208,6 +208,13 @@ class PolicyConfig(Section):
     gain_floor: float = Field(0.0, ge=0.0)  # ... and wants that pessimistic gain at least this high
     # steps of the new GBS a switch's transient costs; default: the calibration's measurement, else 3
     transient_steps: float | None = Field(None, ge=0.0)
+    # The rest of the run is read off the validation curve fitted over the latest doubling of the
+    # samples (null); N: over the latest N evaluations, the rule before Dec 2026 (8)
+    horizon_points: int | None = Field(None, ge=3)
+    # Candidates read at the run's own speed: the current configuration at the speed the run
+    # measures in it, the others through the step-time model scaled by the same factor (false:
+    # the profile's figures as they are, the rule before Dec 2026)
+    read_run_speed: bool = True
     threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured

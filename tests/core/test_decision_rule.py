@@ -170,3 +170,40 @@ def test_the_transient_comes_from_the_calibration_that_measured_it():
     assert steps == pytest.approx(DEFAULT_TRANSIENT_STEPS, abs=0.05)
     assert transient_steps_from_calibration(None) is None
     assert transient_steps_from_calibration({"transient": None}) is None
+
+
+def test_at_the_runs_speed_an_outlier_profile_point_no_longer_holds_the_run_where_it_is():
+    """The emulated pilot's case: the current configuration's profile point read 25% fast (the
+    model, pooling every point, had it right), so its profile figure hid a move the run's own
+    speed shows."""
+    table = {A16: 125.0, B16: 120.0}  # A16's point is the outlier
+    model = {A16: 100.0, B16: 118.0}
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(transient_steps=0.0), model=model)
+    assert not p.decide(A16, 1e4, 30.0, FREE, horizon=LONG).switch  # as the profile reads it
+    at_speed = p.at_run_speed(A16, 90.0)  # the run pays 10% more than the model said
+    assert at_speed.score(A16, 1e4).throughput == pytest.approx(90.0)
+    assert at_speed.score(B16, 1e4).throughput == pytest.approx(118.0 * 0.9)  # the same factor
+    d = at_speed.decide(A16, 1e4, 30.0, FREE, horizon=LONG)
+    assert d.switch and d.best.config == B16 and d.predicted_gain == pytest.approx(0.18)
+    assert p.score(A16, 1e4).throughput == 125.0  # the planner itself is unchanged
+
+
+def test_a_profile_off_by_one_factor_everywhere_changes_no_choice_at_the_runs_speed():
+    table = {A16: 100.0, B16: 104.0, A64: 380.0, B64: 420.0}
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(transient_steps=0.0), model=table)
+    for b_noise in (4.0, 40.0, 400.0):
+        read = p.decide(A16, b_noise, 30.0, FREE, horizon=LONG)
+        slower = p.at_run_speed(A16, 80.0).decide(A16, b_noise, 30.0, FREE, horizon=LONG)
+        assert (read.switch, read.best.config) == (slower.switch, slower.best.config)
+        assert slower.predicted_gain == pytest.approx(read.predicted_gain)
+
+
+@pytest.mark.parametrize("speed", [math.nan, 0.0, -1.0])
+def test_without_a_measured_speed_a_model_or_the_setting_the_profile_stands(speed):
+    table = {A16: 125.0, B16: 120.0}
+    with_model = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(), model=table)
+    assert with_model.at_run_speed(A16, speed) is with_model
+    assert planner(table).at_run_speed(A16, 90.0).score(A16, 1e4).throughput == 125.0  # no model
+    off = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(read_run_speed=False), model=table)
+    assert off.at_run_speed(A16, 90.0) is off
+    assert with_model.at_run_speed(A64, 90.0) is with_model  # not a candidate

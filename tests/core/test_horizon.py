@@ -3,14 +3,16 @@ so far."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copus.core.horizon import elapsed_horizon, rest_of_run, samples_to_target
+from copus.core.horizon import elapsed_horizon, read_ratios, rest_of_run, samples_to_target
 
 
 def power_law(samples, a=8.0, b=-0.15):
@@ -77,3 +79,19 @@ def test_a_wider_quantile_never_lengthens_the_horizon(noise, z, seed):
     fit_0 = samples_to_target(samples, losses, 1.5, 0.0)
     if fit_0 is not None:  # noise may flatten the curve
         assert fit_z[0] <= fit_0[0] * (1 + 1e-12) and fit_z[1] == pytest.approx(fit_0[1])
+
+
+def test_on_real_validation_curves_the_horizon_reads_about_what_was_left():
+    """The two emulated-cluster pilots' curves (validation noise about 0.03 near the target): read
+    at every evaluation from 20% of the way on, the horizon is neither collapsed nor inflated."""
+    data = json.loads((Path(__file__).parent.parent / "data" / "horizon" / "emulated-pilot-curves.json").read_text())
+    ratios = []
+    for run in data["runs"]:
+        ratios += read_ratios(run["samples"], run["val_loss"], data["target_val_loss"], z=1.0)
+    assert len(ratios) > 100
+    assert 0.8 < np.median(ratios) < 1.2 and np.percentile(ratios, 10) > 0.5
+
+
+def test_a_run_that_never_reached_its_target_reads_nothing():
+    samples = [1000.0 * 2**k for k in range(8)]
+    assert read_ratios(samples, power_law(samples), target=0.1, z=1.0) == []

@@ -13,6 +13,7 @@ output directory for a driver restart.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import ray
@@ -22,7 +23,7 @@ from copus.cluster.monitor import RecordQueue
 from copus.cluster.probes import ProbeSource
 from copus.core.decision_rule import critical_batch_log_sd
 from copus.core.finite import finite_json
-from copus.core.horizon import rest_of_run
+from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Decision, Planner, RuleSettings, SwitchCosts
 from copus.core.policies import decide
@@ -42,6 +43,8 @@ from copus.storage import Location
 class ControllerSpec:
     policy: str
     throughputs: tuple[tuple[CandidateConfig, float], ...]  # memory-feasible search space, samples/s of each
+    # the step-time model's samples/s of the same configurations (Planner.at_run_speed); None: no model
+    model_throughputs: tuple[tuple[CandidateConfig, float], ...] | None = None
     b0: int  # reference GBS of the noise scale and the efficiency
     efficiency: str
     critical_factor: float
@@ -71,6 +74,7 @@ class ControllerSpec:
             self.threshold,
             self.calibration,
             self.rule,
+            dict(self.model_throughputs) if self.model_throughputs is not None else None,
         )
 
 
@@ -198,6 +202,7 @@ class Controller(RecordQueue):
                 "train_loss": r.train_loss,
                 "b_noise": b_noise,
                 "gbs": r.gbs,
+                "config": r.config().label(),
             }
         )
         if self._interval_start is None:
@@ -212,7 +217,8 @@ class Controller(RecordQueue):
         """The policy's decision at this step: an evaluation in the history, and a pending switch
         when it says to switch."""
         context = self._decision_context(r, b_noise, self._factor_log_sd(r.samples or 0))
-        d = decide(self.spec.policy, self.planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
+        planner = self._at_run_speed(self.planner, r)
+        d = decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
         entry = {"step": r.step, "wall_clock_s": r.wall_clock_s, "b_noise": b_noise}
         if d is None:
             self.evaluations.append({**entry, "switch": False, "reason": "nothing to decide"})
@@ -239,6 +245,7 @@ class Controller(RecordQueue):
         context = self._decision_context(r, b_noise, 0.0)  # the same whatever the planner: read once
 
         def decide_at(planner: Planner) -> Decision | None:
+            planner = self._at_run_speed(planner, r)
             return decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
 
         return decide_at
@@ -264,9 +271,15 @@ class Controller(RecordQueue):
             r.wall_clock_s,
             self.spec.interval_s,
             self.spec.rule.quantile_z,
+            fit_window(self.spec.rule.horizon_points),
         )
         sd = critical_batch_log_sd(factor_log_sd) if math.isfinite(b_noise) else 0.0
         return {"loss": self.last_val_loss, "elapsed_s": r.wall_clock_s, "horizon": horizon, "log_b_crit_sd": sd}
+
+    def _at_run_speed(self, planner: Planner, r: StepRecord) -> Planner:
+        """`planner` reading the candidates at the run's own speed in its current configuration
+        (`Planner.at_run_speed`), once the run has measured it."""
+        return planner.at_run_speed(r.config(), current_speed(self.history, r.config().label()))
 
     def _run_speed(self, steps: int = 20) -> float:
         """The run's samples per second of training over its last `steps` steps (NaN unknown)."""
@@ -300,6 +313,29 @@ class Controller(RecordQueue):
             # Decisions that hung on c where a probe would not have paid for itself (copus.core.probing).
             "probes_declined": sum(1 for e in self.evaluations if e.get("probe", {}).get("worth") is False),
         }
+
+
+# A configuration's speed is read once the run has taken this many steps in it, after the first
+# few (the first steps after a switch pay for warming up: allocator, pipeline schedule, caches).
+SPEED_MIN_STEPS = 10
+SPEED_SETTLE_STEPS = 3
+SPEED_MAX_STEPS = 50  # the latest steps read: the speed now, not the run's average
+
+
+def current_speed(history: list[dict], label: str) -> float:
+    """Samples/s of the configuration `label` over the run's latest unbroken stretch in it (the
+    median step time of its latest steps, the first `SPEED_SETTLE_STEPS` left out); NaN before
+    `SPEED_MIN_STEPS` such steps."""
+    stretch = []
+    for h in reversed(history):
+        if h.get("config") != label:
+            break
+        stretch.append(h)
+    stretch.reverse()
+    times = [h["step_time_s"] for h in stretch[SPEED_SETTLE_STEPS:][-SPEED_MAX_STEPS:] if h.get("step_time_s")]
+    if len(times) < SPEED_MIN_STEPS:
+        return math.nan
+    return stretch[-1]["gbs"] / statistics.median(times)
 
 
 GoodputController = ray.remote(num_cpus=0)(Controller)

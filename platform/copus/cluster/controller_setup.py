@@ -56,6 +56,7 @@ def controller_spec(
     return ControllerSpec(
         policy=cfg.policy.name,
         throughputs=tuple(throughputs.items()),
+        model_throughputs=tuple((c, model.throughput(c)) for c in throughputs) if model is not None else None,
         b0=cfg.optimizer.reference_gbs,
         efficiency=cfg.policy.efficiency,
         critical_factor=cfg.gns.critical_factor,
@@ -108,4 +109,6 @@ def rule_settings(cfg: ExperimentConfig, table, model, space: list[CandidateConf
         p.gain_floor,
         DEFAULT_TRANSIENT_STEPS if transient is None else transient,
         sds,
+        p.horizon_points,
+        p.read_run_speed,
     )

@@ -127,13 +127,17 @@ class Decision:
 class RuleSettings:
     """How the planner decides to switch (module docstring). `throughput_log_sd`: per candidate,
     the relative sd of its predicted throughput (`copus.core.decision_rule.step_time_log_sd`), None
-    for none; `transient_steps`: steps of the new GBS a switch's transient costs."""
+    for none; `transient_steps`: steps of the new GBS a switch's transient costs;
+    `horizon_points`: the horizon's fit window (`copus.core.horizon.fit_window`); `read_run_speed`:
+    whether a decision reads the candidates at the run's own speed (`Planner.at_run_speed`)."""
 
     rule: str = "quantile"
     quantile_z: float = DEFAULT_QUANTILE_Z
     gain_floor: float = 0.0
     transient_steps: float = DEFAULT_TRANSIENT_STEPS
     throughput_log_sd: dict | None = None
+    horizon_points: int | None = None
+    read_run_speed: bool = True
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -151,10 +155,13 @@ class Planner:
         threshold: float = 0.10,
         mapping=None,
         rule: RuleSettings = RuleSettings(rule="threshold"),
+        model_throughput: Callable[[list[CandidateConfig]], np.ndarray] | None = None,
     ):
         """`mapping` (a `copus.core.calibration` mapping) turns the live noise scale into SE and a
         critical batch; by default c × B_noise in `form` with `critical_factor`. `threshold`: the
-        threshold rule's; `rule`: which rule decides, and its settings."""
+        threshold rule's; `rule`: which rule decides, and its settings. `model_throughput`: the
+        step-time model's samples/s of each candidate, where `throughput` reads measured points
+        (what `at_run_speed` scales); None: no model."""
         if not candidates:
             raise ValueError("the search space has no feasible configuration")
         self.candidates = list(candidates)
@@ -166,6 +173,9 @@ class Planner:
         self.rule = rule
         sds = rule.throughput_log_sd or {}
         self.throughput_sd = np.array([float(sds.get(c, 0.0)) for c in self.candidates])
+        self.model_throughputs = (
+            np.asarray(model_throughput(self.candidates), dtype=float) if model_throughput is not None else None
+        )
 
     @classmethod
     def from_table(
@@ -177,9 +187,11 @@ class Planner:
         threshold: float,
         calibration: dict | None = None,
         rule: RuleSettings = RuleSettings(rule="threshold"),
+        model: dict[CandidateConfig, float] | None = None,
     ) -> Planner:
         """The planner over a profiled search space ({config: samples/s}), with the calibrated
-        efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`.
+        efficiency mapping when a calibration of the workload exists, else c × B_noise in `form`;
+        `model`: the step-time model's samples/s of the same configurations, if there is one.
         The one way a run, the controller and the simulator build their planner."""
         mapping = (
             mapping_from_calibration(calibration, b0, critical_factor)
@@ -195,7 +207,33 @@ class Planner:
             threshold,
             mapping,
             rule,
+            (lambda cfgs: [model[c] for c in cfgs]) if model is not None else None,
         )
+
+    def at_run_speed(self, current: CandidateConfig, samples_per_s: float) -> Planner:
+        """The planner as a decision in `current` reads it once the run has measured its own speed
+        there: `current` at `samples_per_s`, every other candidate at the step-time model's
+        samples/s times the same factor (samples_per_s over the model's figure for `current`).
+
+        Why: a profile times a step 3-10% faster than a run pays for it, and one noisy point can
+        read 20% fast (docs/profile.md, "What a run pays"). Read as they are, the current
+        configuration at its profile point and a candidate at its own, that point decides the
+        move: an outlier at the current configuration holds the run where it is. The run's own
+        speed replaces the current figure, and one factor for all, read through the model (which
+        pools every point) rather than through the current configuration's single point, moves
+        the candidates with it: a profile off by the same factor everywhere changes no choice,
+        and the current point's own noise is not carried into every candidate. Shared terms
+        cancel where only the GBS differs (the model's ratio). The same planner when the rule
+        does not read the run's speed, without a model or a measured speed, or for a
+        configuration outside the search space."""
+        if not (self.rule.read_run_speed and self.model_throughputs is not None and current in self.index):
+            return self
+        reference = self.model_throughputs[self.index[current]]
+        if not (math.isfinite(samples_per_s) and samples_per_s > 0 and reference > 0):
+            return self
+        other = copy.copy(self)
+        other.throughputs = self.model_throughputs * (samples_per_s / reference)
+        return other
 
     def with_critical_factor(self, critical_factor: float) -> Planner:
         """The same planner with the configured mapping at another c (the controller's belief

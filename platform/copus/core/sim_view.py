@@ -61,6 +61,9 @@ class PlannerView:
     throughputs: dict[CandidateConfig, float]
     throughput_log_sd: dict[CandidateConfig, float] | None
     report: dict
+    # the step-time model's samples/s of the same candidates, which a decision scales to the
+    # run's own speed (`Planner.at_run_speed`); None: no model (the exact view)
+    model_throughputs: dict[CandidateConfig, float] | None = None
 
 
 def exact_view(cands: list[CandidateConfig], truth: np.ndarray) -> PlannerView:
@@ -118,7 +121,8 @@ def profiled_view(
         "candidates": len(usable),
         "left_out_extrapolating": len(cands) - len(usable),
     }
-    return PlannerView(table, dict(zip(usable, map(float, sds))), report)
+    model_table = {c: c.gbs / model.step_time(c) for c in usable}
+    return PlannerView(table, dict(zip(usable, map(float, sds))), report, model_table)
 
 
 def table_view(
@@ -150,4 +154,5 @@ def table_view(
         "candidates": len(usable),
         "left_out_extrapolating": len(cands) - len(usable),
     }
-    return PlannerView(table, dict(zip(usable, map(float, sds))), report)
+    model_table = {c: c.gbs / steps.model.step_time(c) for c in usable}
+    return PlannerView(table, dict(zip(usable, map(float, sds))), report, model_table)

@@ -50,7 +50,7 @@ from copus.core import policies
 from copus.core.belief import PRIOR_LOG_SD
 from copus.core.datasheets import NodeSpec
 from copus.core.decision_rule import critical_batch_log_sd
-from copus.core.horizon import rest_of_run
+from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 from copus.core.memory import config_bytes, fits
 from copus.core.planner import RuleSettings, SwitchCosts
@@ -614,7 +614,7 @@ def make_planner(s: Setting, view: PlannerView):
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
     rule = replace(s.rule, throughput_log_sd=view.throughput_log_sd)
     return planner_module.Planner.from_table(
-        view.throughputs, s.start.gbs, s.form, s.critical_factor, s.threshold, rule=rule
+        view.throughputs, s.start.gbs, s.form, s.critical_factor, s.threshold, rule=rule, model=view.model_throughputs
     )
 
 
@@ -783,9 +783,10 @@ def _follow_policy(run: _Run, plan) -> None:
         next_decision = run.t + s.interval_s
         b_noise = estimate.read(run.model) if estimate is not None else float("nan")
         run.timeline.append(run.point(b_noise))
-        d = policies.decide(
-            run.policy, plan, run.current, b_noise, s.interval_s, costs, **_decision_context(run, plan, b_noise)
-        )
+        context = _decision_context(run, plan, b_noise)
+        # the run's speed in its configuration is the truth's (a run measures it over many steps)
+        at_speed = plan.at_run_speed(run.current, context.pop("speed"))
+        d = policies.decide(run.policy, at_speed, run.current, b_noise, s.interval_s, costs, **context)
         run.decided += d is not None
         if d is not None and d.switch:
             figures = {k: d.figures()[k] for k in ("gain_low", "horizon_s", "horizon_source") if k in d.figures()}
@@ -815,9 +816,10 @@ def _decision_context(run: _Run, plan, b_noise: float) -> dict:
         run.t,
         s.interval_s,
         s.rule.quantile_z,
+        fit_window(s.rule.horizon_points),
     )
     sd = critical_batch_log_sd(s.factor_log_sd) if math.isfinite(b_noise) else 0.0
-    return {"elapsed_s": run.t, "horizon": horizon, "log_b_crit_sd": sd}
+    return {"elapsed_s": run.t, "horizon": horizon, "log_b_crit_sd": sd, "speed": speed}
 
 
 def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:

@@ -101,6 +101,8 @@ class SimPolicy(Section):
     factor_log_sd: float = Field(0.69, ge=0.0)
     threshold: float = Field(0.10, ge=0.0)
     interval_s: float = Field(600.0, gt=0.0)
+    horizon_points: int | None = Field(None, ge=3)  # as a run's `policy.horizon_points`
+    read_run_speed: bool = True  # as a run's `policy.read_run_speed`
 
 
 class SimCosts(Section):
@@ -456,7 +458,12 @@ def setting_from(cfg: SimConfig) -> Setting:
         critical_factor=cfg.policy.critical_factor,
         threshold=cfg.policy.threshold,
         rule=RuleSettings(
-            cfg.policy.decision_rule, cfg.policy.gain_quantile_z, cfg.policy.gain_floor, cfg.policy.transient_steps
+            cfg.policy.decision_rule,
+            cfg.policy.gain_quantile_z,
+            cfg.policy.gain_floor,
+            cfg.policy.transient_steps,
+            horizon_points=cfg.policy.horizon_points,
+            read_run_speed=cfg.policy.read_run_speed,
         ),
         factor_log_sd=cfg.policy.factor_log_sd,
         interval_s=cfg.policy.interval_s,
