@@ -538,7 +538,19 @@ def emulated_cluster(spec: EmulatedSpec, echo: Callable[[str], None] = print) ->
     try:
         yield state
     finally:
+        _leave_ray()
         down(spec.state_dir, echo)
+
+
+def _leave_ray() -> None:
+    """Disconnect this process from the cluster about to be taken down: a driver still attached
+    when its head is killed has Ray's error-listener thread print a traceback after the command's
+    own output (`ray_listen_error_messages`: "Received http2 header with status: 404")."""
+    if "ray" in sys.modules:  # only a command that used Ray joined it
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 if __name__ == "__main__":  # `python -m copus.cluster.emulate supervise STATE_DIR` (started by `up`)
