@@ -90,3 +90,34 @@ def test_fit_stores_the_model_and_held_out_errors():
     assert all("cv_ape" in r and "fitted_step_time_s" in r for r in table.rows)
     fitted = table.step_time_model(shape)
     assert fitted.step_time(CandidateConfig(2, 1, 1, 4, 48)) == pytest.approx(0.01 + 0.004 * 48 + 0.002 * 12, rel=0.05)
+
+
+def test_in_place_layout_changes_are_kept_and_their_median_is_the_first_changes_cost(tmp_path):
+    from copus.cluster.controller_setup import DEFAULT_IN_PLACE_COST_S, first_in_place_cost_s
+    from copus.config import ExperimentConfig
+
+    table = ProfileTable(KEY)
+    assert table.in_place_reshard_s() is None
+    dp2, pp2 = CandidateConfig(2, 1, 1, 4, 16), CandidateConfig(1, 1, 2, 4, 16)
+    for seconds in (0.9, 0.4, 0.5):
+        table.record_reshard(dp2, pp2, seconds, 1e7)
+    path = table.save(tmp_path)
+    again = ProfileTable.load(path)
+    assert again.reshards == table.reshards and again.in_place_reshard_s() == 0.5
+    cfg = ExperimentConfig.model_validate({"stop": {"max_steps": 1}})
+    assert first_in_place_cost_s(cfg, again) == 0.5  # the profile's, where the experiment says nothing
+    assert first_in_place_cost_s(cfg, ProfileTable(KEY)) == DEFAULT_IN_PLACE_COST_S
+    stated = ExperimentConfig.model_validate({"stop": {"max_steps": 1}, "policy": {"in_place_cost_s": 2.0}})
+    assert first_in_place_cost_s(stated, again) == 2.0  # the experiment's, where it says
+
+
+@pytest.mark.parametrize("damage", [{"seconds": -1.0}, {"seconds": "fast"}, {"from": None}, "x"])
+def test_a_damaged_reshard_entry_is_refused_with_its_path(tmp_path, damage):
+    table = ProfileTable(KEY)
+    table.record_reshard(CandidateConfig(2, 1, 1, 4, 16), CandidateConfig(1, 1, 2, 4, 16), 0.5, 1e7)
+    path = table.save(tmp_path)
+    data = json.loads(path.read_text())
+    data["reshards"] = [damage if isinstance(damage, str) else {**data["reshards"][0], **damage}]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileTableError, match=f"{path}: a damaged profile table \\(reshards is damaged\\)"):
+        ProfileTable.load(path)

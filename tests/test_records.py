@@ -141,6 +141,7 @@ RECORDS = [
         "samples_per_s": 16.0,
         "peak_memory_bytes": None,
     },
+    {"kind": "profile_reshard", "from": CONFIG, "to": {**CONFIG, "dp": 1, "pp": 2}, "seconds": 0.4, "bytes_moved": 1e7},
     {
         "kind": "probe",
         "step": 60,

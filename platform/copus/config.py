@@ -218,7 +218,9 @@ class PolicyConfig(Section):
     threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured
-    in_place_cost_s: float = Field(5.0, ge=0.0)  # an in-place layout change's cost until one has been measured
+    # an in-place layout change's cost until the run has measured one: null, what the profile's
+    # own in-place changes between its layouts took (copus.cluster.profile_table), else 5 s
+    in_place_cost_s: float | None = Field(None, ge=0.0)
     controller_timeout_s: float = Field(10.0, gt=0.0)  # rank 0 waits at most this long for a decision
     layout: Literal["given", "best"] = (
         "given"  # static: the parallel section's layout, or the profile's best for batch.gbs

@@ -333,6 +333,18 @@ class ProfilePointRecord(_ProfileConfigRecord):
 
 
 @dataclass(kw_only=True)
+class ProfileReshardRecord(Record):
+    """A profiling group moved its model and optimiser state in place from one layout to the
+    next (`copus.train.reshard_in_place`, the path a run's layout change takes): how long it took."""
+
+    kind: ClassVar[str] = "profile_reshard"
+    from_: dict = field(metadata={"key": "from"})  # CandidateConfig.as_dict() of the layout left
+    to: dict  # ... and of the one built
+    seconds: float  # the slowest rank's
+    bytes_moved: float  # the slowest rank's
+
+
+@dataclass(kw_only=True)
 class ProbeRecord(Record):
     """The controller measured its critical-batch factor c with a probe (`copus.cluster.probes`):
     a branch from the run's checkpoint at `start_samples` trained at `probe_gbs` while the run
@@ -375,6 +387,7 @@ RECORD_KINDS: dict[str, type[Record]] = {
         ProfileLayoutRecord,
         ProfileStartRecord,
         ProfilePointRecord,
+        ProfileReshardRecord,
         ProbeRecord,
     )
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,15 @@ def test_profile_skips_infeasible_survives_a_failure_and_is_reused(base_mapping,
     assert table["key"]["workload"]["model"] == "debug" and table["model"]["error"]["mape"] == result["mape"]
     ok_rows = [r for r in table["rows"] if r["status"] == "ok"]
     assert all(r["step_time_s"] > 0 and len(r["step_times"]) >= 3 for r in ok_rows)
+    # Between layouts the state moved in place, as a run's layout change moves it, and was timed.
+    assert table["reshards"] == result["reshards"] and len(table["reshards"]) >= 1
+    assert all(r["seconds"] > 0 and r["bytes_moved"] >= 0 for r in table["reshards"])  # from dp2 all is local
+    assert all(
+        (r["from"]["dp"], r["from"]["tp"], r["from"]["pp"]) != (r["to"]["dp"], r["to"]["tp"], r["to"]["pp"])
+        for r in table["reshards"]
+    )
+    assert result["in_place_reshard_s"] == statistics.median(r["seconds"] for r in table["reshards"])
+    assert any(m.startswith("  in place dp") for m in messages)
     client = MlflowClient(tracking_uri=cfg.resolved_tracking_uri())
     artifacts = [a.path for a in client.list_artifacts(result["mlflow_run_id"], "profile")]
     assert artifacts == [f"profile/{Path(result['table']).name}"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,24 @@ def table_problem(data, complete: bool = False) -> str | None:
         and isinstance(data.get("model") or {}, dict)
     ):
         return "key, created or model is damaged"
+    reshards = data.get("reshards", [])
+    if not isinstance(reshards, list) or not all(map(_is_reshard, reshards)):
+        return "reshards is damaged"
     return next((p for p in map(row_problem, data["rows"]) if p), None)
+
+
+def _is_reshard(entry) -> bool:
+    """A measured in-place layout change: the layouts left and built, and its positive seconds."""
+    seconds = entry.get("seconds") if isinstance(entry, dict) else None
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("from"), dict)
+        and isinstance(entry.get("to"), dict)
+        and isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds > 0
+    )
 
 
 @dataclass
@@ -84,6 +102,8 @@ class ProfileTable:
     rows: list[dict] = field(default_factory=list)  # one per configuration: status ok | infeasible
     model: dict | None = None  # fitted StepTimeModel.as_dict() and its error
     created: float = field(default_factory=time.time)
+    # in-place layout changes the profile made between its layouts: {"from", "to", "seconds", "bytes_moved"}
+    reshards: list[dict] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -122,6 +142,18 @@ class ProfileTable:
 
     def known(self, cfg: CandidateConfig) -> bool:
         return self.row(cfg) is not None
+
+    # --- layout changes -------------------------------------------------------------------
+    def record_reshard(self, left: CandidateConfig, built: CandidateConfig, seconds: float, bytes_moved: float) -> None:
+        self.reshards.append(
+            {"from": left.as_dict(), "to": built.as_dict(), "seconds": seconds, "bytes_moved": bytes_moved}
+        )
+
+    def in_place_reshard_s(self) -> float | None:
+        """What an in-place layout change took in this profile (the median of those it made), the
+        planner's figure for a run's first one; None when it made none."""
+        seconds = sorted(r["seconds"] for r in self.reshards)
+        return statistics.median(seconds) if seconds else None
 
     # --- memory -------------------------------------------------------------------------
     def memory_calibration(self) -> float:
@@ -179,6 +211,7 @@ class ProfileTable:
             "updated": time.time(),
             "rows": self.rows,
             "model": self.model,
+            "reshards": self.reshards,
         }
 
     def save(self, directory: Location | Path) -> Location:
@@ -200,7 +233,13 @@ class ProfileTable:
         problem = table_problem(data, complete=True)
         if problem:
             raise ProfileTableError(f"{path}: a damaged profile table ({problem}); profile again with --refresh")
-        return cls(key=data["key"], rows=data["rows"], model=data.get("model"), created=data["created"])
+        return cls(
+            key=data["key"],
+            rows=data["rows"],
+            model=data.get("model"),
+            created=data["created"],
+            reshards=data.get("reshards", []),
+        )
 
     @classmethod
     def open(cls, directory: Location | Path, key: dict, refresh: bool = False) -> "ProfileTable":

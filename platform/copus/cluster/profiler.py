@@ -30,7 +30,14 @@ from copus.core.memory import GIB, config_bytes
 from copus.core.search import candidates, gbs_grid, profile_points
 from copus.core.throughput import StepTimeModel, kept_step_time, measurements_disagree
 from copus.core.tradeoffs import layout_table_lines, tradeoff_lines, tradeoffs
-from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord, Record, parse_record
+from copus.records import (
+    ProfileLayoutRecord,
+    ProfilePointRecord,
+    ProfileReshardRecord,
+    ProfileStartRecord,
+    Record,
+    parse_record,
+)
 from copus.tracking import Tracker, flatten
 from copus.train.host import describe_hardware, hardware_label
 from copus.train.profile import ProfileJob
@@ -220,6 +227,10 @@ def _result(
         "wall_clock_s": time.time() - t0,
         "tradeoffs": tradeoffs(measured_throughputs(table)),
         "topology": _profile_topology(ctx.cfg, table),
+        # the in-place layout changes it made between its layouts, and their median: what a run
+        # charges its first layout change (policy.in_place_cost_s: null)
+        "reshards": table.reshards,
+        "in_place_reshard_s": table.in_place_reshard_s(),
     }
 
 
@@ -342,6 +353,14 @@ class _Context:
             self.in_flight = r.candidate()
         elif isinstance(r, ProfilePointRecord):
             self._record_point(r, remeasure)
+        elif isinstance(r, ProfileReshardRecord):
+            left, built = CandidateConfig.from_dict(r.from_), CandidateConfig.from_dict(r.to)
+            self.table.record_reshard(left, built, r.seconds, r.bytes_moved)
+            self.table.save(self.table_dir)
+            self.echo(
+                f"  in place {left.shape_label()} -> {built.shape_label()}: {r.seconds:.2f} s, "
+                f"{r.bytes_moved / 2**20:.1f} MiB moved"
+            )
 
     def _record_point(self, r: ProfilePointRecord, remeasure: bool) -> None:
         """A measured point into the table (saved at once); measured again, as kept_step_time keeps."""

@@ -25,10 +25,11 @@ import torch.distributed as dist
 
 from copus.core.layout import CandidateConfig
 from copus.parallel.agree import agree
-from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileStartRecord
+from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileReshardRecord, ProfileStartRecord
 from copus.train.data import replica_batch
 from copus.train.host import release_memory
-from copus.train.replica import attach_gns, build_replica, train_step, world_rank_size
+from copus.train.replica import attach_gns, build_replica, make_optimizer, train_step, world_rank_size
+from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
 from copus.train.worker_plan import WorkerPlan
 
 
@@ -90,34 +91,66 @@ def _layout_groups(points: tuple[CandidateConfig, ...]) -> list[tuple[tuple, lis
 
 def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
     """Measure the job's points in order until done or past the deadline. Rank 0 emits a
-    `profile_layout` record before building each layout, a `profile_start` record before each
+    `profile_layout` record before building each layout, a `profile_reshard` record when the
+    state moved there in place from the layout before, a `profile_start` record before each
     point and a `profile_point` record after it."""
     rank, _ = world_rank_size()
     done = 0
-    for _, group in _layout_groups(job.points):
-        first = group[0]
-        plan = job.plan.replaced(**first.as_dict())
-        if rank == 0:
-            emit(ProfileLayoutRecord(layout=[first.dp, first.tp, first.pp]).as_dict())
-        model, optimizer, stream = build_replica(plan, fresh=False)  # timing only: no need to read init_from
-        attach_gns(model, optimizer, plan)  # training probes gradient norms every step: so does profiling
-        try:
+    replica, left = None, None  # the layout's (model, optimizer, stream), and its first point
+    try:
+        for _, group in _layout_groups(job.points):
+            first = group[0]
+            plan = job.plan.replaced(**first.as_dict())
+            if rank == 0:
+                emit(ProfileLayoutRecord(layout=[first.dp, first.tp, first.pp]).as_dict())
+            replica = _replica_for(plan, first, replica, left, emit)
+            left = first
             for cfg in group:
                 stop = time.time() >= job.deadline
-                if agree(1.0 if (rank == 0 and stop) else 0.0, model.device) > 0:
+                if agree(1.0 if (rank == 0 and stop) else 0.0, replica[0].device) > 0:
                     return {"measured": done, "stopped": "budget"}
                 if rank == 0:
                     emit(ProfileStartRecord(config=cfg.as_dict()).as_dict())
-                point = _measure_point(job, plan, cfg, (model, optimizer, stream), first_of_group=done == 0)
+                point = _measure_point(job, plan, cfg, replica, first_of_group=done == 0)
                 done += 1
                 if rank == 0:
                     emit(point.as_dict())
-        finally:
-            # Free this layout's model, optimiser state and process groups before the next.
-            model.close()
-            device, model, optimizer, stream = model.device, None, None, None
-            release_memory(device)
+    finally:
+        if replica is not None:  # free the last layout's model, optimiser state and process groups
+            replica[0].close()
+            release_memory(replica[0].device)
     return {"measured": done, "stopped": "done"}
+
+
+def _replica_for(plan: WorkerPlan, first: CandidateConfig, replica: tuple | None, left, emit) -> tuple:
+    """The replica for `plan`'s layout: built, for the group's first layout; else moved there in
+    place from the layout before (`reshard_in_place`, as a run's layout change: what it takes is
+    the figure the planner charges a first layout change, rank 0 emits it), or, when that fails,
+    the old one freed and the new one built. Collective."""
+    if replica is not None:
+        model, optimizer, stream = replica
+        try:
+            new_model, new_optimizer, stats = reshard_in_place(
+                model, optimizer, plan, first, lambda m: make_optimizer(m, plan.optimizer, plan.lr.base_lr)
+            )
+        except ReshardFailed:  # the old layout is intact on every rank
+            model.close()
+            release_memory(model.device)
+        else:
+            release_memory(new_model.device)
+            seconds = agree(stats["reshard_s"], new_model.device)
+            moved = agree(float(stats["bytes_moved"]), new_model.device)
+            if world_rank_size()[0] == 0:
+                emit(
+                    ProfileReshardRecord(
+                        from_=left.as_dict(), to=first.as_dict(), seconds=seconds, bytes_moved=moved
+                    ).as_dict()
+                )
+            attach_gns(new_model, new_optimizer, plan)  # training probes gradient norms every step: so does profiling
+            return new_model, new_optimizer, stream
+    model, optimizer, stream = build_replica(plan, fresh=False)  # timing only: no need to read init_from
+    attach_gns(model, optimizer, plan)
+    return model, optimizer, stream
 
 
 def _measure_point(
