@@ -65,9 +65,12 @@ def _mapping(base_mapping) -> dict:
         # The scripted decisions were chosen for the threshold rule (10% ahead at the central
         # estimate); this file tests how a decided change is made, not how it is decided (the
         # quantile rule's decisions: tests/core/test_decision_rule.py, tests/test_controller_logic.py).
+        # The scripted table is what the planner reads: not rescaled to the speed these CPU
+        # workers really run at (policy.read_run_speed, tested in tests/test_controller_logic.py).
         "policy": {
             "name": "copus",
             "decision_rule": "threshold",
+            "read_run_speed": False,
             "interval_s": 0.5,
             "restart_cost_s": 0.05,
             "in_place_cost_s": 0.05,
