@@ -54,11 +54,9 @@ def curves_from_mlflow(tracking_uri: str, experiment: str, target: float | None)
         if not vals or run_target in (None, "None"):
             continue
         steps = [s for s, _ in seen]
-        samples = []
-        for m in sorted(vals, key=lambda m: m.step):
-            i = bisect.bisect_right(steps, m.step) - 1
-            samples.append(seen[i][1] if i >= 0 else 0.0)
-        losses = [m.value for m in sorted(vals, key=lambda m: m.step)]
+        vals = sorted(vals, key=lambda m: m.step)
+        samples = [seen[i][1] if i >= 0 else 0.0 for i in (bisect.bisect_right(steps, m.step) - 1 for m in vals)]
+        losses = [m.value for m in vals]
         out.append({"name": run.info.run_name, "samples": samples, "val_loss": losses, "target": float(run_target)})
     return out
 

@@ -243,9 +243,10 @@ class Controller(RecordQueue):
         estimate's uncertainty is left)."""
 
         context = self._decision_context(r, b_noise, 0.0)  # the same whatever the planner: read once
+        speed = current_speed(self.history, r.config().label())
 
         def decide_at(planner: Planner) -> Decision | None:
-            planner = self._at_run_speed(planner, r)
+            planner = planner.at_run_speed(r.config(), speed)
             return decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
 
         return decide_at
@@ -327,8 +328,8 @@ def current_speed(history: list[dict], label: str) -> float:
     median step time of its latest steps, the first `SPEED_SETTLE_STEPS` left out); NaN before
     `SPEED_MIN_STEPS` such steps."""
     stretch = []
-    for h in reversed(history):
-        if h.get("config") != label:
+    for h in reversed(history):  # the latest steps first; more than the settled ones read are not needed
+        if h.get("config") != label or len(stretch) == SPEED_SETTLE_STEPS + SPEED_MAX_STEPS:
             break
         stretch.append(h)
     stretch.reverse()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from copus.core.finite import positive_number
 from copus.core.layout import CandidateConfig, ModelShape
 from copus.core.memory import MemoryBreakdown
 from copus.core.throughput import (
@@ -57,10 +57,7 @@ def row_problem(row) -> str | None:
     if row.get("status") not in ("ok", "infeasible"):
         return f"a row's status is {row.get('status')!r}"
     time_s = row.get("step_time_s")
-    measured = (
-        isinstance(time_s, (int, float)) and not isinstance(time_s, bool) and math.isfinite(time_s) and time_s > 0
-    )
-    if row["status"] == "ok" and not measured:
+    if row["status"] == "ok" and not positive_number(time_s):
         return f"a measured row's step_time_s is {time_s!r}"
     return None
 
@@ -84,15 +81,11 @@ def table_problem(data, complete: bool = False) -> str | None:
 
 def _is_reshard(entry) -> bool:
     """A measured in-place layout change: the layouts left and built, and its positive seconds."""
-    seconds = entry.get("seconds") if isinstance(entry, dict) else None
     return (
         isinstance(entry, dict)
         and isinstance(entry.get("from"), dict)
         and isinstance(entry.get("to"), dict)
-        and isinstance(seconds, (int, float))
-        and not isinstance(seconds, bool)
-        and math.isfinite(seconds)
-        and seconds > 0
+        and positive_number(entry.get("seconds"))
     )
 
 
@@ -152,8 +145,7 @@ class ProfileTable:
     def in_place_reshard_s(self) -> float | None:
         """What an in-place layout change took in this profile (the median of those it made), the
         planner's figure for a run's first one; None when it made none."""
-        seconds = sorted(r["seconds"] for r in self.reshards)
-        return statistics.median(seconds) if seconds else None
+        return statistics.median(r["seconds"] for r in self.reshards) if self.reshards else None
 
     # --- memory -------------------------------------------------------------------------
     def memory_calibration(self) -> float:

@@ -6,6 +6,11 @@ import math
 from numbers import Integral, Real
 
 
+def positive_number(value) -> bool:
+    """A real, finite, positive number (not a bool): what a file's measured seconds must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def finite_json(value):
     """`value` with every non-finite float in it (in dicts, lists and tuples too) made None: a
     value not measured (a GBS that never reached the decrement, a ratio of nothing) is null."""

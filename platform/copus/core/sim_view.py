@@ -121,7 +121,7 @@ def profiled_view(
         "candidates": len(usable),
         "left_out_extrapolating": len(cands) - len(usable),
     }
-    model_table = {c: c.gbs / model.step_time(c) for c in usable}
+    model_table = {c: model.throughput(c) for c in usable}
     return PlannerView(table, dict(zip(usable, map(float, sds))), report, model_table)
 
 
@@ -154,5 +154,5 @@ def table_view(
         "candidates": len(usable),
         "left_out_extrapolating": len(cands) - len(usable),
     }
-    model_table = {c: c.gbs / steps.model.step_time(c) for c in usable}
+    model_table = {c: steps.model.throughput(c) for c in usable}
     return PlannerView(table, dict(zip(usable, map(float, sds))), report, model_table)

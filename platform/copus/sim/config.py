@@ -10,7 +10,6 @@ form and critical factor; the noise scale it sees: lagged, off from the truth by
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -32,6 +31,7 @@ from copus.config import (
 from copus.core.datasheets import NODES
 from copus.core.decision_rule import DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
+from copus.core.finite import positive_number
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
 from copus.core.planner import RuleSettings
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
@@ -356,10 +356,6 @@ def load_sim_config(path: str | os.PathLike, overrides: list[str] | None = None)
     return cfg.model_copy(update={"training": cfg.training.model_copy(update={"calibration": str(calibration)})})
 
 
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def read_calibration(path: str | os.PathLike) -> list[dict]:
     """The branch points of a `copus calibrate` JSON that measured a finite critical batch
     (`val_loss`, `b_crit` in sequences); a null `b_crit` (none measurable) is skipped."""
@@ -376,11 +372,11 @@ def read_calibration(path: str | os.PathLike) -> list[dict]:
         where = f"{path}: branch_points[{i}]"
         if not isinstance(p, dict):
             raise ConfigError(f"{where}: expected a mapping")
-        if not _positive(p.get("val_loss")):
+        if not positive_number(p.get("val_loss")):
             raise ConfigError(f"{where}.val_loss: expected a positive number (got {p.get('val_loss')!r})")
-        if p.get("b_crit") is not None and not _positive(p["b_crit"]):
+        if p.get("b_crit") is not None and not positive_number(p["b_crit"]):
             raise ConfigError(f"{where}.b_crit: expected a positive number of sequences or null (got {p['b_crit']!r})")
-        if "decrement" in p and not (_positive(p["decrement"]) or p["decrement"] == 0):
+        if "decrement" in p and not (positive_number(p["decrement"]) or p["decrement"] == 0):
             raise ConfigError(f"{where}.decrement: expected a number >= 0 (got {p['decrement']!r})")
     measured = [p for p in points if p.get("b_crit") is not None]
     if not measured:

@@ -103,7 +103,9 @@ def measure_points(job: ProfileJob, emit: Callable[[dict], None]) -> dict:
             plan = job.plan.replaced(**first.as_dict())
             if rank == 0:
                 emit(ProfileLayoutRecord(layout=[first.dp, first.tp, first.pp]).as_dict())
-            replica = _replica_for(plan, first, replica, left, emit)
+            # The old replica is _replica_for's to free or move from: should it fail, nothing is freed twice.
+            previous, replica = replica, None
+            replica = _replica_for(plan, first, previous, left, emit)
             left = first
             for cfg in group:
                 stop = time.time() >= job.deadline
