@@ -321,3 +321,29 @@ def test_down_leaves_nothing_behind(cluster):
     assert _leftovers() == {"namespaces": [], "links": [], "cpusets": []}
     assert emulate.status(STATE_DIR) is None
     assert main(["cluster", "status", "--state-dir", STATE_DIR]) == 0
+
+
+def test_a_lost_node_is_the_processes_it_had_not_a_replacement_started_meanwhile(monkeypatch):
+    """The supervisor may start a replacement Ray node in the lost node's namespace while its old
+    processes are still dying: the replacement is not a process that "would not die"."""
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    new = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        seen = iter([[old.pid]])  # the first look sees the lost node; every later one the replacement too
+        monkeypatch.setattr(
+            emulate, "_namespace_pids", lambda ns: next(seen, [p for p in (old.pid, new.pid) if _alive(p)])
+        )
+        assert emulate.kill_node("unused", 2) == 1
+        assert old.wait(timeout=5) == -signal.SIGKILL and new.poll() is None
+    finally:
+        for p in (old, new):
+            p.kill()
+            p.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Running, as `ip netns pids` lists it: a killed child not yet reaped (a zombie) is not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -266,8 +266,11 @@ def _node_start(spec: EmulatedSpec, i: int, ip: str, head_ip: str, state_dir: Pa
 
 def kill_node(state_dir: Path | str, i: int) -> int:
     """Lose node i as a machine is lost: SIGKILL every process of its namespace (its Ray node,
-    its training ranks). Its namespace, link and cpuset stay, for `restart_node`."""
-    return _kill_all(lambda: set(_namespace_pids(netns(i))), grace_s=0.0)
+    its training ranks). Its namespace, link and cpuset stay, for `restart_node`. Only the
+    processes there when it is lost must die: the cluster's supervisor may start a replacement
+    Ray node in the namespace before they have (as a replaced machine joins), and that one lives."""
+    lost = set(_namespace_pids(netns(i)))
+    return _kill_all(lambda: lost & set(_namespace_pids(netns(i))), grace_s=0.0)
 
 
 def restart_node(state_dir: Path | str, i: int) -> None:
