@@ -200,6 +200,9 @@ def test_a_wrong_mapping_costs_time_to_target():
     # recomputation (Megatron's distributed optimiser), not the space's either.
     overrides = ["training.target_loss=3.0", "search.gbs_min=16", "training.transient_steps=0"]
     overrides += ["search.dp_shard=[optimizer]", "search.recompute=[none]"]
+    # The configured c, as a run without a calibration: a calibration measures the mapping error
+    # away (c = B_crit / the noise scale a run reads), which is what it is for.
+    overrides += ["calibration.use=false"]
     s = setting_from(load_sim_config(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml", overrides))
     space = search_space(s)
     ttt = {

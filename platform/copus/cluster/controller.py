@@ -21,7 +21,7 @@ import ray
 from copus.cluster.controller_probes import ControllerProbes, ProbeNews
 from copus.cluster.monitor import RecordQueue
 from copus.cluster.probes import ProbeSource
-from copus.core.decision_rule import critical_batch_log_sd
+from copus.core.decision_rule import critical_batch_log_sd, factor_log_sd_at
 from copus.core.finite import finite_json
 from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig
@@ -256,8 +256,7 @@ class Controller(RecordQueue):
         at the run's progress, else the prior's."""
         if self.probes is not None:
             return self.probes.factor_log_sd(samples)
-        measured = self.planner.mapping.log_b_crit_sd(self.last_val_loss)
-        return measured if measured is not None else self.spec.factor_log_sd
+        return factor_log_sd_at(self.planner.mapping, self.last_val_loss, self.spec.factor_log_sd)
 
     def _decision_context(self, r: StepRecord, b_noise: float, factor_log_sd: float) -> dict:
         """What the decision weighs besides the noise scale: the run's progress, the rest of the

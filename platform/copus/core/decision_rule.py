@@ -55,6 +55,13 @@ DEFAULT_TRANSIENT_STEPS = 4.4
 GAUSSIAN_SD_PER_MAE = math.sqrt(math.pi / 2)  # a Gaussian's sd over its mean absolute deviation
 
 
+def factor_log_sd_at(mapping, loss: float, prior: float) -> float:
+    """sd of log c at this progress: the calibration's interval there (`mapping.log_b_crit_sd`),
+    else `prior` (a configured c carries no uncertainty of its own)."""
+    measured = mapping.log_b_crit_sd(loss)
+    return measured if measured is not None else prior
+
+
 def critical_batch_log_sd(factor_log_sd: float, noise_log_sd: float = NOISE_ESTIMATE_LOG_SD) -> float:
     """sd of log B_crit = log c + log B_noise, the two independent."""
     return math.hypot(factor_log_sd, noise_log_sd)

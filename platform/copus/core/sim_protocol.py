@@ -237,11 +237,13 @@ def scored_as_user(
 
 def perfect_setting(s: Setting) -> Setting:
     """The perfect planner's setting: the exact critical batch (no noise, no lag, no mapping
-    error) and step times, no quantile, no transient priced and no fixed switch cost."""
+    error, the configured c read instead of a calibration's) and step times, no quantile, no
+    transient priced and no fixed switch cost."""
     oracle = replace(s.estimate, mapping_error=1.0, noise=0.0, half_life_share=0.0, min_half_life=0.0)
     rule = replace(s.rule, rule="quantile", quantile_z=0.0, transient_steps=0.0, gain_floor=0.0)
     costs = replace(s.costs, in_place_fixed_s=0.0)
-    return replace(s, estimate=oracle, rule=rule, costs=costs, profile=replace(s.profile, exact=True))
+    exact = {"profile": replace(s.profile, exact=True), "calibration": replace(s.calibration, use=False)}
+    return replace(s, estimate=oracle, rule=rule, costs=costs, **exact)
 
 
 def _spread(values: list[float]) -> dict:
@@ -353,4 +355,5 @@ def run_protocol(
         | {"user_guesses": list(USER_GUESSES), "user_tuned": {n: _user_entry(t, r) for n, (t, r) in user.items()}}
         | {"copus_vs_kind": against_kinds(plain, kinds), "ceiling": ceiling(perfect, plain, out["best_baseline"])}
         | {"planner_view": [v.report for v in views]}
+        | {"planner_calibration": [v.calibration_report for v in views]}
     )

@@ -64,6 +64,10 @@ class PlannerView:
     # the step-time model's samples/s of the same candidates, which a decision scales to the
     # run's own speed (`Planner.at_run_speed`); None: no model (the exact view)
     model_throughputs: dict[CandidateConfig, float] | None = None
+    # the calibration file the planner reads (copus.core.sim_calibration) and how far it is from
+    # the truth; None: the configured c x B_noise
+    calibration: dict | None = None
+    calibration_report: dict | None = None
 
 
 def exact_view(cands: list[CandidateConfig], truth: np.ndarray) -> PlannerView:

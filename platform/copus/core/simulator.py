@@ -49,7 +49,7 @@ from copus.core import planner as planner_module
 from copus.core import policies
 from copus.core.belief import PRIOR_LOG_SD
 from copus.core.datasheets import NodeSpec
-from copus.core.decision_rule import critical_batch_log_sd
+from copus.core.decision_rule import critical_batch_log_sd, factor_log_sd_at
 from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 from copus.core.memory import config_bytes, fits
@@ -58,6 +58,7 @@ from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
 from copus.core.reconfiguration import reversed_switches
 from copus.core.search import candidates, gbs_grid, valid_layouts
+from copus.core.sim_calibration import CalibrationSampling, calibration_truth, simulated_calibration
 from copus.core.sim_view import PlannerView, ProfileSampling, profiled_view, table_view
 from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
 
@@ -351,6 +352,12 @@ class TrainingModel:
         self._since_change += 1
         return factor
 
+    def continues_from(self, gbs: int) -> "TrainingModel":
+        """This model continues a run that last trained at `gbs` (and had left its last transient
+        behind): a step at another GBS pays the transient. Returns the model."""
+        self._gbs, self._since_change = gbs, self.transient.steps
+        return self
+
     def step(self, gbs: int) -> None:
         b_crit = self.b_crit_of(self.tokens)
         steady = gbs == self._gbs and self._since_change >= self.transient.steps
@@ -553,6 +560,25 @@ class Setting:
     # one a real run of this cluster reads), not the truth's.
     planner_table: MeasuredSteps | None = None
     overheads: RunOverheads = RunOverheads()  # a real run's time outside its steps (none by default)
+    # How the planner's efficiency mapping is made (copus.core.sim_calibration): the configured
+    # c x B_noise by default here; `copus simulate` simulates a calibration unless told otherwise.
+    calibration: CalibrationSampling = CalibrationSampling()
+
+    def truth_model(
+        self, keep_history: bool = False, tokens: float = 0.0, last_gbs: int | None = None
+    ) -> TrainingModel:
+        """The statistical truth at `tokens` effective tokens (0: a fresh run), continuing a run
+        that last trained at `last_gbs` if given."""
+        model = TrainingModel(
+            self.shape.param_count(),
+            self.seq_len,
+            self.truth_curve(),
+            self.critical,
+            self.transient,
+            keep_history=keep_history,
+            tokens=tokens,
+        )
+        return model.continues_from(last_gbs) if last_gbs is not None else model
 
     def truth_curve(self) -> LossCurve:
         """The loss curve the truth follows: capped at ln(vocab) unless the setting names a cap."""
@@ -605,16 +631,38 @@ def planner_view(s: Setting, space: tuple[list[CandidateConfig], np.ndarray], se
     (default the estimate's: each evaluation seed profiles the cluster anew); or the real profile
     file `s.planner_table`, the same at every seed, as a real suite's runs read one file."""
     cands, throughputs = space
+    seed = s.estimate.seed if seed is None else seed
     if s.planner_table is not None:
-        return table_view(s.planner_table, cands, throughputs, s.planner_table.source)
-    return profiled_view(s.shape, cands, throughputs, s.profile, s.estimate.seed if seed is None else seed)
+        view = table_view(s.planner_table, cands, throughputs, s.planner_table.source)
+    else:
+        view = profiled_view(s.shape, cands, throughputs, s.profile, seed)
+    if not s.calibration.use:
+        return view
+    truth = calibration_truth(s, s.calibration, best_speed_by_gbs(space))
+    calibration, report = simulated_calibration(s, s.calibration, truth, seed)
+    return replace(view, calibration=calibration, calibration_report=report)
+
+
+def best_speed_by_gbs(space: tuple[list[CandidateConfig], np.ndarray]) -> dict[int, float]:
+    """{gbs: the truth's best samples/s at it} over the search space."""
+    best: dict[int, float] = {}
+    for c, t in zip(*space):
+        best[c.gbs] = max(best.get(c.gbs, 0.0), float(t))
+    return best
 
 
 def make_planner(s: Setting, view: PlannerView):
     # Looked up on the module at call time, so a test that patches the planner sees its effect.
     rule = replace(s.rule, throughput_log_sd=view.throughput_log_sd)
     return planner_module.Planner.from_table(
-        view.throughputs, s.start.gbs, s.form, s.critical_factor, s.threshold, rule=rule, model=view.model_throughputs
+        view.throughputs,
+        s.start.gbs,
+        s.form,
+        s.critical_factor,
+        s.threshold,
+        calibration=view.calibration,
+        rule=rule,
+        model=view.model_throughputs,
     )
 
 
@@ -700,9 +748,7 @@ class _Run:
         self.s, self.policy, self.start, self.current = s, policy, start, first
         # Only a policy that reads the noise estimate needs the run's past (the estimate's lag).
         self.reads = policy not in SCHEDULED
-        self.model = TrainingModel(
-            s.shape.param_count(), s.seq_len, s.truth_curve(), s.critical, s.transient, keep_history=self.reads
-        )
+        self.model = s.truth_model(keep_history=self.reads)
         self.step_times = dict(step_times)  # seconds by configuration; a ramp adds GBS off the grid
         self.t, self.steps, self.decided = s.overheads.startup_s, 0, 0
         self.reached = False  # the target seen reached (at an evaluation, where those are priced)
@@ -818,8 +864,9 @@ def _decision_context(run: _Run, plan, b_noise: float) -> dict:
         s.rule.quantile_z,
         fit_window(s.rule.horizon_points),
     )
-    sd = critical_batch_log_sd(s.factor_log_sd) if math.isfinite(b_noise) else 0.0
-    return {"elapsed_s": run.t, "horizon": horizon, "log_b_crit_sd": sd, "speed": speed}
+    loss = points[-1]["loss"]  # the run's latest reading of its loss, as a controller's last evaluation
+    sd = critical_batch_log_sd(factor_log_sd_at(plan.mapping, loss, s.factor_log_sd)) if math.isfinite(b_noise) else 0.0
+    return {"loss": loss, "elapsed_s": run.t, "horizon": horizon, "log_b_crit_sd": sd, "speed": speed}
 
 
 def _follow_ramp(run: _Run, ramp: BatchRamp) -> None:

@@ -36,6 +36,7 @@ from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, 
 from copus.core.planner import RuleSettings
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.ramp import BatchRamp
+from copus.core.sim_calibration import CalibrationSampling
 from copus.core.sim_protocol import RAMP_LENGTHS
 from copus.core.sim_view import ProfileSampling
 from copus.core.simulator import (
@@ -252,6 +253,34 @@ class SimProfile(Section):
         )
 
 
+class SimCalibration(Section):
+    """How the planner's efficiency mapping is made (copus.core.sim_calibration): a `copus
+    calibrate` of the truth (a reference run at batch.gbs branched at `branch_shares` of its
+    samples to the target, continuations at every GBS of the grid to `decrement` below each
+    branch point, measured `seeds` times with a real sweep's scatter, fitted as a real
+    calibration is), redrawn at every seed; use false: the configured c x B_noise
+    (policy.critical_factor), as a run without a calibration maps it (before issue 42)."""
+
+    use: bool = True
+    branch_shares: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = Field([0.01, 0.03, 0.1], min_length=1)
+    gbs: list[PositiveInt] | None = Field(None, min_length=2)  # default: every other power of 2 over the search range
+    seeds: int = Field(4, ge=1)
+    decrement: float = Field(0.02, gt=0.0)  # nats each continuation trains down
+    point_noise: float = Field(0.15, ge=0.0, le=2.0)  # sd of log samples of one continuation
+    seed_noise: float = Field(0.1, ge=0.0, le=2.0)  # sd of log of a seed's luck, shared by its GBS
+
+    def sampling(self) -> CalibrationSampling:
+        return CalibrationSampling(
+            self.use,
+            tuple(self.branch_shares),
+            tuple(self.gbs) if self.gbs is not None else None,
+            self.seeds,
+            self.decrement,
+            self.point_noise,
+            self.seed_noise,
+        )
+
+
 class SimProtocol(Section):
     """The comparison protocol (copus.core.sim_protocol): tuned static over every GBS of the
     grid, tuned ramp over the grid's final GBS and `ramp_lengths` (shares of the samples the
@@ -279,6 +308,7 @@ class SimConfig(Section):
     search: SimSearch = SimSearch()
     policy: SimPolicy = SimPolicy()
     profile: SimProfile = SimProfile()
+    calibration: SimCalibration = SimCalibration()
     reconfigure: Literal["in_place", "restart"] = "in_place"
     costs: SimCosts = SimCosts()
     overheads: SimOverheads = SimOverheads()
@@ -475,6 +505,7 @@ def setting_from(cfg: SimConfig) -> Setting:
         recompute=tuple(cfg.search.recompute),
         ramp=cfg.ramp.schedule() if cfg.ramp is not None else None,
         profile=cfg.profile.sampling(),
+        calibration=cfg.calibration.sampling(),
         measured=measured_steps_of(cfg),
         planner_table=planner_table_of(cfg),
         overheads=cfg.overheads.plain(),

@@ -59,6 +59,8 @@ def run_simulation(cfg: SimConfig) -> dict:
             "efficiency": cfg.policy.efficiency,
             "critical_factor": cfg.policy.critical_factor,
             "step_times": view.report,  # the profile it read (or the truth's table), against the truth
+            # the simulated calibration it read, against the truth (None: the configured c)
+            "calibration": view.calibration_report,
         },
         "estimate": cfg.estimate.model_dump(),
         "overheads": cfg.overheads.model_dump(),
@@ -91,7 +93,18 @@ def _truth_line(result: dict) -> str:
     return (
         f"truth: critical batch from {result['truth']['critical_batch']}; planner: {p['efficiency']} form, "
         f"c = {p['critical_factor']:g}, sees the noise scale with mapping error x{e['mapping_error']:g}{noise}; "
-        f"{_view_text(p['step_times'])}"
+        f"{_view_text(p['step_times'])}; {_calibration_text(p['calibration'])}"
+    )
+
+
+def _calibration_text(report: dict | None) -> str:
+    """Where the planner's mapping comes from, and how far its c is from the truth's."""
+    if report is None:
+        return "efficiency: the configured c (calibration.use false)"
+    cs = ", ".join(f"{b['c']:.2f} (true {b['c_true']:.2f})" for b in report["branches"])
+    return (
+        f"efficiency: a simulated calibration, {len(report['branches'])} branch points x {len(report['grid'])} GBS "
+        f"x {report['seeds']} seeds in {report['cost_h']:.0f} h of the cluster; c = {cs}"
     )
 
 
