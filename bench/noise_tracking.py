@@ -43,9 +43,10 @@ def horizon_of(name: str, gns: GNSPlan, b0: int) -> Horizon:
     return replace(gns, half_life_share=share if name == "progress" else None).horizon(b0)
 
 
-def replay(records: list[dict], horizon: Horizon, b0: int) -> dict[int, float]:
-    """The live estimate after every step, as the run would have had it under `horizon`."""
-    est, out = GNSEstimator(b0, horizon=horizon), {}
+def replay(records: list[dict], horizon: Horizon, b0: int, outlier_ratio: float | None = None) -> dict[int, float]:
+    """The live estimate after every step, as the run would have had it under `horizon` (and
+    the experiment's outlier weighting)."""
+    est, out = GNSEstimator(b0, horizon=horizon, outlier_ratio=outlier_ratio), {}
     for r in records:
         if r["kind"] == "step" and r.get("gns_b_big") is not None:
             est.update(r["gns_sq_small"], r["gns_b_small"], r["gns_sq_big"], r["gns_b_big"], r["samples"])
@@ -66,7 +67,7 @@ def measure(cfg_path: str, calibration: str | None, args) -> list[dict]:
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         points = reference_run(plan, branches, Path(tmp), val_samples, records)
-        live = {name: replay(records, horizon_of(name, plan.gns, b0), b0) for name in HORIZONS}
+        live = {name: replay(records, horizon_of(name, plan.gns, b0), b0, plan.gns.outlier_ratio) for name in HORIZONS}
         rows = []
         for p in points:
             fixed = branch_noise_scales(plan, Path(p["checkpoint"]), args.gns_steps)

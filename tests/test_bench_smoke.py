@@ -29,6 +29,8 @@ LAST_LINES = {
     rf"evaluations x{NUMBER} \(p10 x{NUMBER}, p90 x{NUMBER}\)",
     "layouts.py": rf"best of \d+ workers: dp\d+ tp\d+ pp\d+.* gbs \d+ mbs \d+: {NUMBER} samples/s",
     "memory.py": r'\{"rows": \[\{"setting": .*\}\]\}',
+    "noise_outliers.py": rf"outliers: largest one-step jump x{NUMBER} plain, x{NUMBER} weighted \(median over runs "
+    rf"x{NUMBER}, x{NUMBER}\); weighted/plain x{NUMBER} \(runs x{NUMBER}-x{NUMBER}\); \d+ of \d+ steps weighted down, \d+ runs",
     "noise_tracking.py": rf"tracking: progress x({NUMBER}|nan), fixed x({NUMBER}|nan)",
     "planner.py": rf"enumerate \+ score \+ decide from scratch: {NUMBER} ms",
     "pool_suites.py": rf"pooled \d+ seeds: \S+ reaches ({NUMBER}%|n/a) of \S+'s gain over \S+ "

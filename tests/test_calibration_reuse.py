@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from copus.cluster.calibrate import estimator_key
 from copus.cluster.calibration_reuse import imported_points, load_reusable, provenance
 from copus.config import ConfigError, config_from_mapping
 from tests.conftest import REPO
@@ -75,3 +76,15 @@ def test_adascale_and_missing_or_damaged_files_are_refused(base_mapping, tmp_pat
     bad.write_text(json.dumps({"key": {"kind": "profile"}}))
     with pytest.raises(ConfigError, match="not a calibration"):
         load_reusable(cfg, key, settings, str(bad))
+
+
+def test_outlier_weighting_is_part_of_the_estimator_a_calibration_belongs_to(base_mapping):
+    # c = B_crit / the run's estimate: an estimator that weighs outlier steps down reads another
+    # estimate, so a calibration made with one does not serve a run with the other; without it,
+    # the key is the one written before the option existed (committed calibrations still serve).
+    committed = json.loads(COMMITTED.read_text())["key"]["gns"]
+    assert estimator_key(config_from_mapping(base_mapping, []).gns) == committed
+    weighted = config_from_mapping(base_mapping, ["gns.outlier_ratio=8"])
+    assert estimator_key(weighted.gns) == committed | {"outlier_ratio": 8.0}
+    with pytest.raises(ConfigError, match=r"gns\.outlier_ratio"):
+        config_from_mapping(base_mapping, ["gns.outlier_ratio=1"])

@@ -173,6 +173,10 @@ class GNSConfig(Section):
     smoothing: float = Field(0.999, gt=0.0, lt=1.0)  # horizon fixed: EMA factor per reference batch
     critical_factor: float = Field(DEFAULT_CRITICAL_FACTOR, gt=0.0)  # critical batch = factor x B_noise
     precondition: Literal["none", "adam"] = "none"  # divide gradients by sqrt(v_hat) + eps first (AdaptDL)
+    # A step whose tr(Sigma) estimate exceeds this multiple of the average's (an outlier batch)
+    # counts for that multiple of the average over its tr(Sigma) of its samples; null (default):
+    # every step at full weight. docs/noise-scale.md, "Outlier steps".
+    outlier_ratio: float | None = Field(None, gt=1.0)
 
 
 class ProbesConfig(Section):

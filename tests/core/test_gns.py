@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copus.core.efficiency import statistical_efficiency
-from copus.core.gns import GNSEstimator, Horizon, two_batch_estimates
+from copus.core.gns import GNSEstimator, GNSState, Horizon, two_batch_estimates
 
 
 def _sq_norm_of_batch_gradient(rng, G, sigma_diag, b):
@@ -154,3 +154,70 @@ def test_a_bad_horizon_is_refused_naming_the_field():
         Horizon(share=0.0)
     with pytest.raises(ValueError, match="gns.smoothing"):
         Horizon(smoothing=1.0)
+
+
+def _gaussian_steps(rng, steps: int, dim: int = 200, b_small: int = 2, b_big: int = 8):
+    """Two-batch norms of a Gaussian gradient noise (light tails), with |G|² 1 and tr(Σ) 40."""
+    G = np.full(dim, 1.0 / math.sqrt(dim))
+    sigma = np.full(dim, 40.0 / dim)
+    return [
+        (
+            _sq_norm_of_batch_gradient(rng, G, sigma, b_small),
+            b_small,
+            _sq_norm_of_batch_gradient(rng, G, sigma, b_big),
+            b_big,
+        )
+        for _ in range(steps)
+    ]
+
+
+def _progress_estimator(outlier_ratio):
+    return GNSEstimator(16, horizon=Horizon(share=0.05, floor=128.0), outlier_ratio=outlier_ratio)
+
+
+def test_one_outlier_step_moves_the_estimate_a_bounded_amount():
+    # A loss spike's batch: its tr(Σ) estimate 100x the average's and its |G|² 4x, as the emulated
+    # cluster's runs recorded; with a half-life of 16 steps it lifted B_noise x4-x7.
+    steps = _gaussian_steps(np.random.default_rng(0), 200)
+    plain, robust = _progress_estimator(None), _progress_estimator(8.0)
+    for i, m in enumerate(steps):
+        plain.update(*m, samples_seen=8 * (i + 1))
+        robust.update(*m, samples_seen=8 * (i + 1))
+    assert robust.state.downweighted == 0 and robust.b_noise == plain.b_noise  # light tails: never an outlier
+    before = (plain.b_noise, robust.b_noise)
+    spike = (4.0 + 4000.0 / 2, 2, 4.0 + 4000.0 / 8, 8)  # |G|² 4, tr(Σ) 4000 against 1 and 40
+    plain.update(*spike, samples_seen=8 * 201)
+    robust.update(*spike, samples_seen=8 * 201)
+    assert plain.b_noise > 3 * before[0]
+    assert robust.b_noise < 1.5 * before[1] and robust.state.downweighted == 1
+    assert robust.summary(8)["gns_downweighted"] == 1.0
+
+
+def test_an_outlier_counts_for_the_share_of_its_samples_the_limit_gives_it():
+    steps = _gaussian_steps(np.random.default_rng(1), 30)
+    est = _progress_estimator(4.0)
+    for i, m in enumerate(steps):
+        est.update(*m, samples_seen=8 * (i + 1))
+    mean_var, state = est.grad_var, GNSState(**est.state_dict())
+    _, var = two_batch_estimates(*steps[0])
+    spike = (steps[0][0] * 50, steps[0][1], steps[0][2] * 50, steps[0][3])
+    spike_sqr, spike_var = two_batch_estimates(*spike)
+    share = 4.0 * mean_var / spike_var
+    theta = Horizon(share=0.05, floor=128.0).theta(8, 16, 8 * 31) ** share
+    est.update(*spike, samples_seen=8 * 31)
+    weight = theta * state.weight + (1 - theta)
+    assert est.grad_var == pytest.approx((theta * state.ema_var + (1 - theta) * spike_var) / weight)
+    assert est.grad_sqr == pytest.approx((theta * state.ema_sqr + (1 - theta) * spike_sqr) / weight)
+
+
+def test_outlier_weighting_waits_for_an_average_and_a_bad_ratio_is_refused():
+    est = _progress_estimator(8.0)
+    est.update(1.0, 2, 0.5, 8, samples_seen=8)
+    est.update(100.0, 2, 50.0, 8, samples_seen=16)  # no average yet to judge it against
+    assert est.state.downweighted == 0
+    with pytest.raises(ValueError, match="outlier_ratio"):
+        GNSEstimator(16, outlier_ratio=1.0)
+    # a checkpoint's state from before the count existed still loads
+    old = {k: v for k, v in est.state_dict().items() if k != "downweighted"}
+    est.load_state_dict(old)
+    assert est.state.downweighted == 0

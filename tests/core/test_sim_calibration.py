@@ -112,3 +112,12 @@ def test_the_default_grid_and_a_bad_calibration_section():
         load_sim_config(SETTING_3B, ["calibration.branch_shares=[0.1, 1.5]"])
     with pytest.raises(ConfigError, match=r"calibration\.seeds"):
         load_sim_config(SETTING_3B, ["calibration.seeds=0"])
+
+
+def test_a_branch_point_no_continuation_can_measure_is_left_out():
+    # A decrement every continuation crosses within its first step: nothing to fit (a real sweep
+    # refuses such a crossing), so the planner maps with the configured c and the report says why.
+    s, space, truth, data, report = _calibrated(["calibration.decrement=0.000001"])
+    assert data is None and report["branches"] == [] and report["unmeasurable_branches"] == len(truth.branches)
+    view = planner_view(s, space)
+    assert view.calibration is None and isinstance(make_planner(s, view).mapping, NoiseScaleMapping)

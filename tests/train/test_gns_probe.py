@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
+from copus.config import config_from_mapping
 from copus.train.checkpoint import load_checkpoint
 from copus.train.gns import measure_gns
 from copus.train.local import run_local
 from copus.train.parallel_model import token_loss
-from copus.train.replica import build_replica
-from copus.train.worker_plan import StopRule
+from copus.train.replica import build_replica, estimator_of
+from copus.train.worker_plan import StopRule, plan_from_config
 from tests.train.loop_helpers import small_plan, spawn
 
 pytestmark = pytest.mark.slow
@@ -114,3 +115,10 @@ def test_estimate_is_the_same_across_layouts_and_micro_batch_sizes(trained):
     )
     assert b16_dp == pytest.approx(b16_mbs, rel=0.10), estimates
     assert b8 == pytest.approx(b16_mbs, rel=0.12) and b8 == pytest.approx(b16_dp, rel=0.12), estimates
+
+
+def test_the_configured_outlier_weighting_reaches_the_runs_estimator(base_mapping):
+    weighted = config_from_mapping(base_mapping, ["gns.outlier_ratio=6"])
+    assert estimator_of(plan_from_config(weighted, "train.bin", "val.bin", "uint16")).outlier_ratio == 6.0
+    plain = config_from_mapping(base_mapping, [])
+    assert estimator_of(plan_from_config(plain, "train.bin", "val.bin", "uint16")).outlier_ratio is None

@@ -84,15 +84,17 @@ def calibration_key(cfg: ExperimentConfig, data_fingerprint: str) -> dict:
 
 def estimator_key(g) -> dict:
     """The noise estimator a calibration's c belongs to (c = B_crit / the run's estimate): the
-    fixed horizon keeps the key files written before the progress horizon existed."""
+    fixed horizon keeps the key files written before the progress horizon existed, and an
+    estimator without outlier weighting those written before it existed."""
+    outliers = {"outlier_ratio": g.outlier_ratio} if g.outlier_ratio is not None else {}
     if g.horizon == "fixed":
-        return {"smoothing": g.smoothing, "precondition": g.precondition}
+        return {"smoothing": g.smoothing, "precondition": g.precondition} | outliers
     return {
         "horizon": g.horizon,
         "half_life_share": g.half_life_share,
         "min_half_life": g.min_half_life,
         "precondition": g.precondition,
-    }
+    } | outliers
 
 
 def calibration_path(cfg: ExperimentConfig, data_fingerprint: str) -> Location:

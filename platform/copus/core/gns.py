@@ -23,6 +23,14 @@ itself very noisy, often negative). Two horizons:
 At fixed weights (no training in between: `copus gns`) nothing drifts and the fixed form with
 smoothing near 1 is the plain average it should be.
 
+A step's tr(Σ) estimate is heavy-tailed: an outlier batch (a loss spike, its gradient norm 8x the
+run's) gives a tr(Σ) 50-100x the average's, and with a half-life of a few dozen steps one such
+step lifted the estimate x4-x7 at once on the emulated cluster's runs, which then moved their
+layout on it (docs/noise-scale.md, "Outlier steps"). With `outlier_ratio` k (`gns.outlier_ratio`,
+off by default), a step whose tr(Σ)
+exceeds k times the average's counts for k × average / its tr(Σ) of its samples (a Huber weight:
+its influence is bounded, not removed), once the average has `MIN_UPDATES_FOR_OUTLIERS` steps.
+
 Pure numpy/math: no torch, no ray.
 """
 
@@ -71,6 +79,7 @@ class GNSState:
     weight: float = 0.0  # sum of EMA weights, for bias correction
     updates: int = 0
     skipped_nonfinite: int = 0
+    downweighted: int = 0  # outlier steps folded in with less than their samples' weight
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,14 @@ class Horizon:
         return 0.5 ** (batch / half_life)
 
 
+# Steps the average needs before a step can be judged an outlier against it.
+MIN_UPDATES_FOR_OUTLIERS = 10
+
+
 class GNSEstimator:
-    """Smoothed |G|², tr(Σ), B_noise, critical batch size and statistical efficiency."""
+    """Smoothed |G|², tr(Σ), B_noise, critical batch size and statistical efficiency.
+    `outlier_ratio`: a step's tr(Σ) above this multiple of the average's is down-weighted
+    (module docstring); None: every step at full weight."""
 
     def __init__(
         self,
@@ -111,12 +126,26 @@ class GNSEstimator:
         critical_factor: float = DEFAULT_CRITICAL_FACTOR,
         state: GNSState | None = None,
         horizon: Horizon | None = None,
+        outlier_ratio: float | None = None,
     ):
+        if outlier_ratio is not None and not outlier_ratio > 1.0:
+            raise ValueError(f"gns.outlier_ratio must be above 1, got {outlier_ratio}")
         self.horizon = horizon if horizon is not None else Horizon(share=None, smoothing=smoothing)
         self.reference_gbs = reference_gbs
         self.smoothing = self.horizon.smoothing
         self.critical_factor = critical_factor
+        self.outlier_ratio = outlier_ratio
         self.state = state or GNSState()
+
+    def _weight_of(self, grad_var: float) -> float:
+        """The share of its samples a step counts for: 1, or the Huber weight of an outlier."""
+        if self.outlier_ratio is None or self.state.updates < MIN_UPDATES_FOR_OUTLIERS:
+            return 1.0
+        limit = self.outlier_ratio * self.grad_var
+        if limit <= 0 or grad_var <= limit:
+            return 1.0
+        self.state.downweighted += 1
+        return limit / grad_var
 
     def update(
         self, sq_small: float, b_small: float, sq_big: float, b_big: float, samples_seen: float | None = None
@@ -129,7 +158,9 @@ class GNSEstimator:
             self.state.skipped_nonfinite += 1
             return False
         grad_sqr, grad_var = two_batch_estimates(*values)
-        theta = self.horizon.theta(b_big, self.reference_gbs, samples_seen)
+        # theta = 0.5 ** (samples / half-life): a step counting for a share of its samples keeps
+        # theta ** share of the old average
+        theta = self.horizon.theta(b_big, self.reference_gbs, samples_seen) ** self._weight_of(grad_var)
         s = self.state
         s.ema_sqr = theta * s.ema_sqr + (1 - theta) * grad_sqr
         s.ema_var = theta * s.ema_var + (1 - theta) * grad_var
@@ -173,6 +204,7 @@ class GNSEstimator:
             "b_noise": self.b_noise,
             "critical_batch_size": self.critical_batch_size,
             "statistical_efficiency": self.efficiency(gbs),
+            "gns_downweighted": float(self.state.downweighted),  # outlier steps so far
         }
 
     def state_dict(self) -> dict:

@@ -178,35 +178,14 @@ def _sweep(branch: BranchTruth, truth: CalibrationTruth, p: CalibrationSampling,
 
 def simulated_calibration(
     s: "Setting", p: CalibrationSampling, truth: CalibrationTruth, seed: int
-) -> tuple[dict, dict]:
+) -> tuple[dict | None, dict]:
     """The calibration file a planner at evaluation seed `seed` reads (the shape `copus calibrate`
-    writes) and a report of how far it is from the truth."""
+    writes; None where no branch point could be measured: the planner then maps with the
+    configured c, as a run without a calibration) and a report of how far it is from the truth.
+    A branch point with fewer than 2 GBS that measured the decrement is left out, as `copus
+    calibrate` cannot fit it."""
     rng = np.random.default_rng([seed, CALIBRATION_STREAM])
-    sweeps = [_sweep(b, truth, p, rng) for b in truth.branches]
-    fits = fit_branches(sweeps, s.start.gbs, seed=seed)
-    rows = []
-    for i, (fit, b) in enumerate(zip(fits, truth.branches)):
-        b_noise_run = s.estimate.mapping_error * s.estimate.factor(rng) * b.b_crit_lagged / s.critical_factor
-        fits[i] = with_noise_scales(fit, math.nan, math.nan, b_noise_run)
-        rows.append(
-            {
-                "samples_seen": b.samples_seen,
-                "loss": b.loss,
-                "b_crit": fits[i].b_crit,
-                "b_crit_true": b.b_crit,
-                "c": fits[i].c,
-                # the c that maps this b_noise_run onto the true critical batch
-                "c_true": b.b_crit / b_noise_run,
-                "fit_ok": fits[i].fit_ok,
-            }
-        )
-    data = {
-        "id": f"simulated-seed{seed}",
-        "reference_gbs": s.start.gbs,
-        "decrement": p.decrement,
-        "branch_points": [f.as_dict() for f in fits],
-    }
-    errors = [abs(math.log(r["c"] / r["c_true"])) for r in rows if r["c"] > 0 and math.isfinite(r["c"])]
+    measurable = [b for b in truth.branches if sum(map(math.isfinite, b.samples_to_decrement)) >= 2]
     report = {
         "source": "simulated calibration",
         "grid": list(truth.gbs),
@@ -215,9 +194,37 @@ def simulated_calibration(
         "point_noise": p.point_noise,
         "seed_noise": p.seed_noise,
         "cost_h": truth.cost_s / 3600,
-        "branches": rows,
-        # |log(c measured / c true)|, mean over the branch points: how far the planner's critical
-        # batch is off the truth's from the calibration alone
-        "c_log_error": float(np.mean(errors)) if errors else None,
+        "unmeasurable_branches": len(truth.branches) - len(measurable),
     }
-    return data, report
+    if not measurable:
+        return None, report | {"branches": [], "c_log_error": None}
+    fits = fit_branches([_sweep(b, truth, p, rng) for b in measurable], s.start.gbs, seed=seed)
+    rows = []
+    for i, (fit, b) in enumerate(zip(fits, measurable)):
+        b_noise_run = s.estimate.mapping_error * s.estimate.factor(rng) * b.b_crit_lagged / s.critical_factor
+        fits[i] = with_noise_scales(fit, math.nan, math.nan, b_noise_run)
+        rows.append(_branch_row(fits[i], b, b_noise_run))
+    data = {
+        "id": f"simulated-seed{seed}",
+        "reference_gbs": s.start.gbs,
+        "decrement": p.decrement,
+        "branch_points": [f.as_dict() for f in fits],
+    }
+    errors = [abs(math.log(r["c"] / r["c_true"])) for r in rows if r["c"] > 0 and math.isfinite(r["c"])]
+    # |log(c measured / c true)|, mean over the branch points: how far the planner's critical
+    # batch is off the truth's from the calibration alone
+    return data, report | {"branches": rows, "c_log_error": float(np.mean(errors)) if errors else None}
+
+
+def _branch_row(fit, b: BranchTruth, b_noise_run: float) -> dict:
+    """One branch point as measured, beside the truth there."""
+    return {
+        "samples_seen": b.samples_seen,
+        "loss": b.loss,
+        "b_crit": fit.b_crit,
+        "b_crit_true": b.b_crit,
+        "c": fit.c,
+        # the c that maps this b_noise_run onto the true critical batch
+        "c_true": b.b_crit / b_noise_run,
+        "fit_ok": fit.fit_ok,
+    }

@@ -101,6 +101,8 @@ def _calibration_text(report: dict | None) -> str:
     """Where the planner's mapping comes from, and how far its c is from the truth's."""
     if report is None:
         return "efficiency: the configured c (calibration.use false)"
+    if not report["branches"]:
+        return "efficiency: the configured c (the simulated calibration measured no branch point)"
     cs = ", ".join(f"{b['c']:.2f} (true {b['c_true']:.2f})" for b in report["branches"])
     return (
         f"efficiency: a simulated calibration, {len(report['branches'])} branch points x {len(report['grid'])} GBS "

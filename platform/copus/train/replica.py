@@ -108,8 +108,14 @@ def attach_gns(model: ParallelModel, optimizer: torch.optim.Optimizer, plan: Wor
     if not plan.gns.enabled:
         return None
     attach_probe(model, optimizer, plan)
-    b0 = plan.gns.reference_gbs or plan.gbs
-    return GNSEstimator(b0, critical_factor=plan.gns.critical_factor, horizon=plan.gns.horizon(b0))
+    return estimator_of(plan)
+
+
+def estimator_of(plan: WorkerPlan) -> GNSEstimator:
+    """A fresh noise estimate as the plan configures it (B0 = the plan's GBS unless given)."""
+    g = plan.gns
+    b0 = g.reference_gbs or plan.gbs
+    return GNSEstimator(b0, critical_factor=g.critical_factor, horizon=g.horizon(b0), outlier_ratio=g.outlier_ratio)
 
 
 def fresh_accelerator(use_gpu: bool, mixed_precision: str):

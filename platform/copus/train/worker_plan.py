@@ -60,6 +60,9 @@ class GNSPlan:
     reference_gbs: int | None = None  # B0 of the noise scale and efficiency; None: the plan's GBS
     half_life_share: float | None = 0.05  # the progress horizon (copus.core.gns.Horizon); None: fixed
     min_half_life: float = 8.0  # in reference batches
+    # a step's tr(Sigma) above this multiple of the average's is down-weighted; None: never (the
+    # fixed-weight measurements, where nothing drifts and every batch is the same population)
+    outlier_ratio: float | None = None
 
     def horizon(self, reference_gbs: int) -> Horizon:
         return Horizon(self.half_life_share, self.min_half_life * reference_gbs, self.smoothing)
@@ -117,7 +120,14 @@ def gns_plan(cfg: "ExperimentConfig") -> GNSPlan:
     g = cfg.gns
     share = g.half_life_share if g.horizon == "progress" else None
     return GNSPlan(
-        g.enabled, g.smoothing, g.critical_factor, g.precondition, cfg.optimizer.reference_gbs, share, g.min_half_life
+        g.enabled,
+        g.smoothing,
+        g.critical_factor,
+        g.precondition,
+        cfg.optimizer.reference_gbs,
+        share,
+        g.min_half_life,
+        g.outlier_ratio,
     )
 
 
