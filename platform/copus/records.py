@@ -81,6 +81,7 @@ class StepRecord(Record):
             "b_noise",
             "critical_batch_size",
             "statistical_efficiency",
+            "gns_downweighted",
             "gns_sq_small",
             "gns_b_small",
             "gns_sq_big",
@@ -116,6 +117,7 @@ class StepRecord(Record):
     b_noise: float | None = None
     critical_batch_size: float | None = None
     statistical_efficiency: float | None = None
+    gns_downweighted: float | None = None  # outlier steps weighted down so far (gns.outlier_ratio)
     # The step's own two-batch measurement (squared gradient norms at two batch sizes), so the
     # estimate can be recomputed offline under another horizon (bench/noise_tracking.py).
     gns_sq_small: float | None = None
