@@ -160,6 +160,10 @@ def test_copus_simulate_prints_one_json_object(capsys):
     assert out["mapping_error"] == 1.0 and out["estimate"]["noise"] == 0.35
     assert out["estimate"]["half_life_share"] == 0.05 and out["estimate"]["min_half_life"] == 8
     assert out["truth"]["critical_batch"].startswith("published fit") and out["truth"]["calibration"] is None
+    # the planner's efficiency from a simulated calibration, reported against the truth
+    calibration = out["planner"]["calibration"]
+    assert calibration["source"] == "simulated calibration" and calibration["cost_h"] > 0
+    assert {"c", "c_true", "b_crit", "b_crit_true"} <= set(calibration["branches"][0])
     layouts = {(r["config"]["dp"], r["config"]["tp"], r["config"]["pp"]) for r in out["best_layout_by_gbs"]}
     assert len(layouts) > 1  # on MI210 the best layout changes with the GBS
     assert main(["simulate", str(SIM_DIR / "paper_llama-2-7b_4x8-mi210.yaml"), "--set", "cluster.node=tpu"]) == 2

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from copus.core.calibration import Sweep, fit_branches, with_noise_scales
+from copus.core.finite import finite_json
 
 if TYPE_CHECKING:  # the simulator imports this module
     from copus.core.simulator import Setting
@@ -197,7 +198,7 @@ def simulated_calibration(
         "unmeasurable_branches": len(truth.branches) - len(measurable),
     }
     if not measurable:
-        return None, report | {"branches": [], "c_log_error": None}
+        return None, finite_json(report | {"branches": [], "c_log_error": None})
     fits = fit_branches([_sweep(b, truth, p, rng) for b in measurable], s.start.gbs, seed=seed)
     rows = []
     for i, (fit, b) in enumerate(zip(fits, measurable)):
@@ -213,7 +214,8 @@ def simulated_calibration(
     errors = [abs(math.log(r["c"] / r["c_true"])) for r in rows if r["c"] > 0 and math.isfinite(r["c"])]
     # |log(c measured / c true)|, mean over the branch points: how far the planner's critical
     # batch is off the truth's from the calibration alone
-    return data, report | {"branches": rows, "c_log_error": float(np.mean(errors)) if errors else None}
+    # null where a figure is not finite (an unpriced GBS, a reading of no noise), as JSON needs
+    return data, finite_json(report | {"branches": rows, "c_log_error": float(np.mean(errors)) if errors else None})
 
 
 def _branch_row(fit, b: BranchTruth, b_noise_run: float) -> dict:

@@ -103,11 +103,15 @@ def _calibration_text(report: dict | None) -> str:
         return "efficiency: the configured c (calibration.use false)"
     if not report["branches"]:
         return "efficiency: the configured c (the simulated calibration measured no branch point)"
-    cs = ", ".join(f"{b['c']:.2f} (true {b['c_true']:.2f})" for b in report["branches"])
+    cs = ", ".join(f"{_figure(b['c'])} (true {_figure(b['c_true'])})" for b in report["branches"])
     return (
         f"efficiency: a simulated calibration, {len(report['branches'])} branch points x {len(report['grid'])} GBS "
-        f"x {report['seeds']} seeds in {report['cost_h']:.0f} h of the cluster; c = {cs}"
+        f"x {report['seeds']} seeds in {_figure(report['cost_h'], '.0f')} h of the cluster; c = {cs}"
     )
+
+
+def _figure(x: float | None, form: str = ".2f") -> str:
+    return format(x, form) if x is not None else "n/a"
 
 
 def _view_text(report: dict) -> str:
