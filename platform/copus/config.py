@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from copus.core.decision_rule import DEFAULT_QUANTILE_Z
+from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANTILE_Z
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
 from copus.core.policy_names import DEFAULT_SUITE, POLICIES, SCHEDULED, TUNED_ENTRY, PolicyName
@@ -219,6 +219,10 @@ class PolicyConfig(Section):
     # measures in it, the others through the step-time model scaled by the same factor (false:
     # the profile's figures as they are, the rule before Dec 2026)
     read_run_speed: bool = True
+    # ... where each figure is its profile point and the step-time model's prediction weighed by
+    # their precision: this is the sd of log of a point against what a run pays (beyond a factor
+    # common to all points), the model's is its held-out error (copus.core.planner.blended_throughputs)
+    profile_point_sd: float = Field(DEFAULT_PROFILE_POINT_LOG_SD, ge=0.0)
     threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured

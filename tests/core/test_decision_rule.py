@@ -24,6 +24,7 @@ from copus.core.decision_rule import (
 from copus.core.horizon import Horizon
 from copus.core.layout import CandidateConfig
 from copus.core.planner import Planner, RuleSettings, SwitchCosts
+from copus.sim.config import load_sim_config, setting_from
 
 ROOT = Path(__file__).resolve().parents[2]
 Z = DEFAULT_QUANTILE_Z
@@ -207,3 +208,45 @@ def test_without_a_measured_speed_a_model_or_the_setting_the_profile_stands(spee
     off = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(read_run_speed=False), model=table)
     assert off.at_run_speed(A16, 90.0) is off
     assert with_model.at_run_speed(A64, 90.0) is with_model  # not a candidate
+
+
+def test_at_the_runs_speed_precise_points_outweigh_a_model_that_misfits_the_current_configuration():
+    """The simulated 13B setting's case: points measured to 2%, the model 6% high at the current
+    configuration (one link per collective where the groups span nodes unevenly). Read through the
+    model alone, that 6% deflated every candidate and held the run at GBS 16 for 59 hours."""
+    table = {A16: 100.0, B16: 110.0}  # both measured, precisely
+    model = {A16: 106.0, B16: 104.0}
+    sds = {A16: 0.05, B16: 0.05}  # the model's held-out error
+
+    def at_speed(point_sd: float) -> Planner:
+        rule = RuleSettings(transient_steps=0.0, throughput_log_sd=sds, profile_point_log_sd=point_sd)
+        return Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=rule, model=model).at_run_speed(A16, 100.0)
+
+    # the points' weight: the model ratio's variance over that and the points' ratio's
+    w = 2 * 0.05**2 / (2 * 0.05**2 + 2 * 0.02**2)
+    ratio = (110.0 / 100.0) ** w * (104.0 / 106.0) ** (1 - w)
+    precise = at_speed(0.02)
+    assert precise.score(A16, 1e4).throughput == pytest.approx(100.0)
+    assert precise.score(B16, 1e4).throughput == pytest.approx(100.0 * ratio)
+    assert precise.decide(A16, 1e4, 30.0, FREE, horizon=LONG).best.config == B16  # the points' 10% shows
+    # noisy points (or none at all: the model only) leave the model's misfit in every candidate
+    assert not at_speed(1.0).decide(A16, 1e4, 30.0, FREE, horizon=LONG).switch
+    # points with no noise: their own ratio (the profile's figures, carried to the run's speed)
+    assert at_speed(0.0).score(B16, 1e4).throughput == pytest.approx(110.0)
+
+
+def test_an_unmeasured_candidate_is_read_against_the_current_one_through_the_model():
+    table = {A16: 100.0, B16: 110.0, A64: 380.0}  # A64 unmeasured: the table holds the model's figure
+    model = {A16: 106.0, B16: 104.0, A64: 380.0}
+    rule = RuleSettings(transient_steps=0.0, throughput_log_sd=dict.fromkeys(table, 0.05), profile_point_log_sd=0.0)
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=rule, model=model).at_run_speed(A16, 100.0)
+    assert p.score(A64, 1e4).throughput == pytest.approx(100.0 * 380.0 / 106.0)  # not 380 / 100
+    assert p.score(B16, 1e4).throughput == pytest.approx(110.0)
+
+
+def test_the_simulated_planner_weighs_points_with_its_profiles_timing_noise():
+    sim = ROOT / "experiments" / "sim"
+    assert setting_from(load_sim_config(sim / "paper_llama-2-13b_2x8-h100.yaml")).rule.profile_point_log_sd == 0.02
+    assert setting_from(load_sim_config(sim / "emulated_layout.yaml")).rule.profile_point_log_sd == 0.1  # a real file
+    given = load_sim_config(sim / "paper_llama-2-13b_2x8-h100.yaml", ["policy.profile_point_sd=0.3"])
+    assert setting_from(given).rule.profile_point_log_sd == 0.3

@@ -126,4 +126,5 @@ def rule_settings(cfg: ExperimentConfig, table, model, space: list[CandidateConf
         sds,
         p.horizon_points,
         p.read_run_speed,
+        p.profile_point_sd,
     )

@@ -52,6 +52,12 @@ NOISE_ESTIMATE_LOG_SD = 0.35
 # trade-off workload's calibration measured for its switches to a larger batch, 1.8 and 4.8 steps
 # for 16 -> 64, 3.2 and 7.9 for 16 -> 256 (docs/calibration.md, the transient on its own).
 DEFAULT_TRANSIENT_STEPS = 4.4
+# sd of log of a measured profile point against what a run in that configuration pays, beyond the
+# factor common to every point: on the emulated cluster (docs/profile.md, "What a run pays") the
+# profile read 3-10% under the runs (the common part), and single points 20-30% off were seen; 0.1
+# is our estimate of the spread around the common part. A planner reading the run's speed weighs
+# a point against the step-time model's prediction with it (`Planner.blended_throughputs`).
+DEFAULT_PROFILE_POINT_LOG_SD = 0.1
 GAUSSIAN_SD_PER_MAE = math.sqrt(math.pi / 2)  # a Gaussian's sd over its mean absolute deviation
 
 

@@ -41,7 +41,13 @@ from typing import Callable
 import numpy as np
 
 from copus.core.calibration import NoiseScaleMapping, mapping_from_calibration
-from copus.core.decision_rule import DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS, pessimistic_log_gain, transient_depth
+from copus.core.decision_rule import (
+    DEFAULT_PROFILE_POINT_LOG_SD,
+    DEFAULT_QUANTILE_Z,
+    DEFAULT_TRANSIENT_STEPS,
+    pessimistic_log_gain,
+    transient_depth,
+)
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 from copus.core.horizon import Horizon, elapsed_horizon
 from copus.core.layout import CandidateConfig
@@ -129,7 +135,10 @@ class RuleSettings:
     the relative sd of its predicted throughput (`copus.core.decision_rule.step_time_log_sd`), None
     for none; `transient_steps`: steps of the new GBS a switch's transient costs;
     `horizon_points`: the horizon's fit window (`copus.core.horizon.fit_window`); `read_run_speed`:
-    whether a decision reads the candidates at the run's own speed (`Planner.at_run_speed`)."""
+    whether a decision reads the candidates at the run's own speed (`Planner.at_run_speed`);
+    `profile_point_log_sd`: the sd of log of a measured profile point against what a run in it
+    pays, beyond a factor common to every point (what `at_run_speed` weighs a point against the
+    model's prediction with)."""
 
     rule: str = "quantile"
     quantile_z: float = DEFAULT_QUANTILE_Z
@@ -138,6 +147,7 @@ class RuleSettings:
     throughput_log_sd: dict | None = None
     horizon_points: int | None = None
     read_run_speed: bool = True
+    profile_point_log_sd: float = DEFAULT_PROFILE_POINT_LOG_SD
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -212,28 +222,45 @@ class Planner:
 
     def at_run_speed(self, current: CandidateConfig, samples_per_s: float) -> Planner:
         """The planner as a decision in `current` reads it once the run has measured its own speed
-        there: `current` at `samples_per_s`, every other candidate at the step-time model's
-        samples/s times the same factor (samples_per_s over the model's figure for `current`).
+        there: `current` at `samples_per_s`, every other candidate at that speed times its ratio
+        to `current` (`speed_ratios`).
 
-        Why: a profile times a step 3-10% faster than a run pays for it, and one noisy point can
-        read 20% fast (docs/profile.md, "What a run pays"). Read as they are, the current
+        Why: a profile times a step 3-10% faster than a run pays for it, and one point can read
+        20-30% fast (docs/profile.md, "What a run pays"). Read as they are, the current
         configuration at its profile point and a candidate at its own, that point decides the
         move: an outlier at the current configuration holds the run where it is. The run's own
-        speed replaces the current figure, and one factor for all, read through the model (which
-        pools every point) rather than through the current configuration's single point, moves
-        the candidates with it: a profile off by the same factor everywhere changes no choice,
-        and the current point's own noise is not carried into every candidate. Shared terms
-        cancel where only the GBS differs (the model's ratio). The same planner when the rule
-        does not read the run's speed, without a model or a measured speed, or for a
-        configuration outside the search space."""
+        speed replaces the current figure and carries every candidate with it, so a profile off by
+        one factor everywhere changes no choice. The same planner when the rule does not read the
+        run's speed, without a model or a measured speed, or for a configuration outside the
+        search space."""
         if not (self.rule.read_run_speed and self.model_throughputs is not None and current in self.index):
             return self
-        reference = self.model_throughputs[self.index[current]]
-        if not (math.isfinite(samples_per_s) and samples_per_s > 0 and reference > 0):
+        if not (math.isfinite(samples_per_s) and samples_per_s > 0):
             return self
         other = copy.copy(self)
-        other.throughputs = self.model_throughputs * (samples_per_s / reference)
+        other.throughputs = samples_per_s * self.speed_ratios(self.index[current])
         return other
+
+    def speed_ratios(self, i: int) -> np.ndarray:
+        """Each candidate's samples/s over candidate `i`'s, read in the source that has both: the
+        step-time model's ratio, and where the profile measured both, the points' ratio too,
+        weighed with the model's by precision (weight on the points: the model ratio's variance,
+        sd_i² + sd_c² of its held-out error, over that plus the points', 2 sd_point², with sd_point
+        `rule.profile_point_log_sd`). Neither a noisy point (where the model fits well) nor the
+        model's misfit (where points are precise: one link per collective on a cluster whose
+        groups span nodes unevenly put the 13B setting's current configuration 6% high, which read
+        through the model alone held that run at GBS 16 for 59 hours) is carried into every
+        candidate; an unmeasured candidate is read against the current one through the model,
+        whose terms they share. Where the model's error is unknown, the model's ratio alone."""
+        table, model = np.log(self.throughputs), np.log(self.model_throughputs)
+        # a measured candidate's table figure is its point; an unmeasured one's, the model's own
+        measured = ~np.isclose(table, model, rtol=0.0, atol=1e-12)
+        model_var = self.throughput_sd**2 + self.throughput_sd[i] ** 2
+        total = model_var + 2.0 * self.rule.profile_point_log_sd**2
+        w = np.divide(model_var, total, out=np.ones_like(total), where=total > 0)  # both 0: the points
+        both = measured & measured[i]
+        w = np.where(both & ((model_var > 0) | (total == 0)), w, 0.0)
+        return np.exp(w * (table - table[i]) + (1.0 - w) * (model - model[i]))
 
     def with_critical_factor(self, critical_factor: float) -> Planner:
         """The same planner with the configured mapping at another c (the controller's belief

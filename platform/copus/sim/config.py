@@ -29,7 +29,7 @@ from copus.config import (
     read_yaml,
 )
 from copus.core.datasheets import NODES
-from copus.core.decision_rule import DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
+from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
 from copus.core.finite import positive_number
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
@@ -104,6 +104,10 @@ class SimPolicy(Section):
     interval_s: float = Field(600.0, gt=0.0)
     horizon_points: int | None = Field(None, ge=3)  # as a run's `policy.horizon_points`
     read_run_speed: bool = True  # as a run's `policy.read_run_speed`
+    # as a run's `policy.profile_point_sd`; null: the simulated profile's own timing noise
+    # (profile.timing_noise: what the profiler's repeated steps tell it), or a run's default where
+    # the planner reads a real profile file (profile.table)
+    profile_point_sd: float | None = Field(None, ge=0.0)
 
 
 class SimCosts(Section):
@@ -465,6 +469,13 @@ def profile_steps(cfg: SimConfig, file: str, field: str) -> MeasuredSteps:
     return MeasuredSteps(measured, model, infeasible, source=str(path), held_out=held_out)
 
 
+def profile_point_sd_of(cfg: SimConfig) -> float:
+    """What the planner weighs a profile point with (`policy.profile_point_sd`, else the default)."""
+    if cfg.policy.profile_point_sd is not None:
+        return cfg.policy.profile_point_sd
+    return cfg.profile.timing_noise if cfg.profile.table is None else DEFAULT_PROFILE_POINT_LOG_SD
+
+
 def setting_from(cfg: SimConfig) -> Setting:
     """The plain simulator inputs of a validated config."""
     node = NODES[cfg.cluster.node]
@@ -490,6 +501,7 @@ def setting_from(cfg: SimConfig) -> Setting:
             cfg.policy.transient_steps,
             horizon_points=cfg.policy.horizon_points,
             read_run_speed=cfg.policy.read_run_speed,
+            profile_point_log_sd=profile_point_sd_of(cfg),
         ),
         factor_log_sd=cfg.policy.factor_log_sd,
         interval_s=cfg.policy.interval_s,
