@@ -44,7 +44,7 @@ Pure: numpy and scipy, no torch, no ray.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,7 +84,8 @@ class BranchTruth:
     loss: float
     b_crit: float  # the true critical batch there (samples)
     b_crit_lagged: float  # ... the estimate's mean age earlier: what a live estimate reads
-    samples_to_decrement: tuple[float, ...]  # noiseless E(B) per GBS of the grid; NaN: not reached
+    tokens: float  # the truth's effective tokens there, where every continuation starts
+    samples_to_decrement: tuple[float, ...] = ()  # noiseless E(B) per GBS of the grid; NaN: not reached
 
 
 @dataclass(frozen=True)
@@ -125,18 +126,7 @@ def _continuation(model, gbs: int, loss: float) -> float:
     return samples if samples > gbs else math.nan
 
 
-@dataclass(frozen=True)
-class _Stop:
-    """The reference run at a branch point."""
-
-    samples: int
-    loss: float
-    b_crit: float
-    tokens: float
-    b_crit_lagged: float
-
-
-def _reference_run(s: "Setting", b0: int, shares: tuple[float, ...]) -> list[_Stop]:
+def _reference_run(s: "Setting", b0: int, shares: tuple[float, ...]) -> list[BranchTruth]:
     """The reference run at `b0`: once to the target, to place the branch points, then again to
     each (the truth is deterministic), with its history for the live estimate's lag."""
     to_target = _samples_to(s.truth_model(), b0, s.target_loss)
@@ -147,7 +137,7 @@ def _reference_run(s: "Setting", b0: int, shares: tuple[float, ...]) -> list[_St
         while model.samples < max(1, round(share * to_target / b0)) * b0:
             model.step(b0)
         lagged = model.b_crit_at(model.samples - s.estimate.lag(model.samples, b0))
-        stops.append(_Stop(model.samples, model.loss, model.b_crit, model.tokens, lagged))
+        stops.append(BranchTruth(model.samples, model.loss, model.b_crit, lagged, model.tokens))
     return stops
 
 
@@ -156,14 +146,14 @@ def calibration_truth(s: "Setting", p: CalibrationSampling, speed: dict[int, flo
     {gbs: the truth's best samples/s at it}, to price the cluster time (NaN where a GBS has none)."""
     b0, grid = s.start.gbs, calibration_grid(s, p)
     stops = _reference_run(s, b0, p.branch_shares)
-    cost = stops[-1].samples / speed.get(b0, math.nan)
+    cost = stops[-1].samples_seen / speed.get(b0, math.nan)
     branches = []
     for stop in stops:
         e = tuple(
             _continuation(s.truth_model(tokens=stop.tokens, last_gbs=b0), g, stop.loss - p.decrement) for g in grid
         )
         cost += sum(p.seeds * x / speed.get(g, math.nan) for g, x in zip(grid, e) if math.isfinite(x))
-        branches.append(BranchTruth(stop.samples, stop.loss, stop.b_crit, stop.b_crit_lagged, e))
+        branches.append(replace(stop, samples_to_decrement=e))
     return CalibrationTruth(grid, tuple(branches), cost)
 
 
