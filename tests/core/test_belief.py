@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from copus.core.belief import (
@@ -172,6 +172,9 @@ def test_a_ratio_outside_the_invertible_range_moves_c_the_right_way(rho, directi
     b_small=st.sampled_from([8.0, 16.0, 64.0]),
     times=st.sampled_from([2.0, 4.0, 16.0]),
 )
+# A narrow prior and a precise probe below the ratio's floor: two modes with a trough between them,
+# the far one heavier (exact mean -5.10); a grid around the prior alone found the near one (1.61).
+@example(mean=2.0, sd=0.109375, log_rho=-2.0, sigma=0.015625, b_noise=397.0, b_small=8.0, times=2.0)
 def test_the_update_is_bayes_rule(mean, sd, log_rho, sigma, b_noise, b_small, times):
     """Against brute force on a 200,001-point grid over the whole range, conflicting probes included:
     the update's grid (widened, refined) loses nothing."""

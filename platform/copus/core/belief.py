@@ -27,9 +27,11 @@ not a linearised (extended) Kalman update, because the ratio saturates at both e
 c·N ≈ √(b_s·b_l) its slope in log c vanishes, so a linearisation there would read almost no
 information, or, for a ρ̂ outside (b_s/b_l, 1) that no c explains, diverge. On the grid such a ρ̂
 only says "c is small" or "c is large", as strongly as the prior and σ allow, and the belief stays
-finite. The grid spans the drifted prior's mean ± 8 sd, c in [1e-3, 1e4] at most. It is widened
-where the posterior has not fallen off at an edge (a probe in strong conflict with the prior pulls
-the posterior out there), and refined around the posterior until the posterior sd spans at least
+finite. The grid spans the drifted prior's mean ± 8 sd and the stretch where the likelihood is
+within 8 σ of ρ̂, c in [1e-3, 1e4] at most: a probe in strong conflict with a narrow prior can give
+a posterior with two modes and a trough between them, the far one heavier, which a grid around the
+prior alone would miss. Its steps are a quarter of the narrower of the two; it is widened
+where the posterior has not fallen off at an edge, and refined around the posterior until the posterior sd spans at least
 RESOLVED_STEPS steps, so a precise probe is not rounded to one grid point. Unlike a linear Kalman
 update, this one can widen the belief: where the ratio saturates the likelihood has a plateau, and
 a probe in conflict with the prior there leaves the posterior spread over the flat stretch between
@@ -63,7 +65,8 @@ from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 PRIOR_LOG_SD = 0.69  # sd of log c over the calibration branch points (docs/noise-scale.md: 0.66-0.71)
 Z95 = 1.959964  # the standard normal's 97.5% quantile: a 95% interval is ± Z95 sd
 MIN_SIGMA = 1e-3  # floor on a probe's sd in log ρ: a zero-width interval is not infinite precision
-GRID_POINTS = 2001  # points of the log-c grid of an update
+GRID_POINTS = 2001  # points of the log-c grid of an update, at least
+MAX_GRID_POINTS = 400_001  # at most: a 1e-3-wide factor over the whole range, at 4 points a width
 GRID_SDS = 8.0  # the grid spans the drifted prior's mean ± GRID_SDS sd
 LOG_C_MIN, LOG_C_MAX = math.log(1e-3), math.log(1e4)  # c outside this range is not entertained
 RESOLVED_STEPS = 20  # the grid is refined until the posterior sd spans at least this many steps
@@ -110,16 +113,41 @@ def _moments(x: np.ndarray, log_weight: np.ndarray) -> tuple[float, float]:
     return mean, float(math.sqrt(max(float(w @ (x - mean) ** 2), 0.0)))
 
 
-def _posterior(mean: float, sd: float, log_rho: float, sigma: float, batches: tuple[float, float, float]):
-    """Mean and sd of log c under the prior N(mean, sd) times the likelihood
-    log ρ̂ ~ N(log ratio_of_factor(c), sigma), on a grid widened until the posterior clears its
-    edges (or reaches the range's) and refined until it resolves the posterior."""
-    lo = min(max(mean - GRID_SDS * sd, LOG_C_MIN), LOG_C_MAX)
-    hi = max(min(mean + GRID_SDS * sd, LOG_C_MAX), LOG_C_MIN)
+def _likelihood_window(log_rho: float, sigma: float, batches: tuple[float, float, float]) -> tuple[float, float]:
+    """The log-c interval where the likelihood is within GRID_SDS σ of ρ̂: log ρ is increasing in
+    log c, so its ends are the c that map to ρ̂·exp(∓GRID_SDS·σ), the range's ends where no finite
+    positive c does (a ρ̂ beyond saturation: the likelihood is flat all the way to that end)."""
+    ends = []
+    for shift in (-GRID_SDS * sigma, GRID_SDS * sigma):
+        c = factor_of_ratio(math.exp(log_rho + shift), *batches)
+        ends.append(LOG_C_MIN if c <= 0 else LOG_C_MAX if math.isinf(c) else min(max(math.log(c), LOG_C_MIN), LOG_C_MAX))
+    return ends[0], ends[1]
+
+
+def _first_grid(mean: float, sd: float, log_rho: float, sigma: float, batches) -> tuple[float, float, int]:
+    """Bounds and points of the first grid. The posterior's modes lie between the prior's mean and
+    the likelihood's peak (outside, both factors fall), so the grid spans both the prior's ± GRID_SDS
+    sd and the likelihood's window; two modes may sit far apart with a trough between them that no
+    edge test sees. Steps of a quarter of min(sd, σ) resolve every mode: a mode is about as wide as
+    the narrower factor or wider (d log ρ / d log c < 1, so the likelihood is no narrower in log c
+    than σ), never so narrow that it falls between two points."""
+    lik_lo, lik_hi = _likelihood_window(log_rho, sigma, batches)
+    lo = min(max(min(mean - GRID_SDS * sd, lik_lo), LOG_C_MIN), LOG_C_MAX)
+    hi = max(min(max(mean + GRID_SDS * sd, lik_hi), LOG_C_MAX), LOG_C_MIN)
     if hi - lo < 1e-9:  # the prior lies wholly outside the range: the whole range
         lo, hi = LOG_C_MIN, LOG_C_MAX
+    points = int(min(max(GRID_POINTS, 4.0 * (hi - lo) / min(sd, sigma) + 1), MAX_GRID_POINTS))
+    return lo, hi, points
+
+
+def _posterior(mean: float, sd: float, log_rho: float, sigma: float, batches: tuple[float, float, float]):
+    """Mean and sd of log c under the prior N(mean, sd) times the likelihood
+    log ρ̂ ~ N(log ratio_of_factor(c), sigma), on a grid over both (`_first_grid`), widened while
+    the posterior has not fallen off an edge (or reached the range's) and refined until it resolves
+    the posterior."""
+    lo, hi, points = _first_grid(mean, sd, log_rho, sigma, batches)
     for _ in range(MAX_PASSES):
-        x = np.linspace(lo, hi, GRID_POINTS)
+        x = np.linspace(lo, hi, points)
         model = np.log(ratio_of_factor(np.exp(x), *batches))
         log_post = -0.5 * ((x - mean) / sd) ** 2 - 0.5 * ((log_rho - model) / sigma) ** 2
         log_post -= log_post.max()
@@ -131,7 +159,7 @@ def _posterior(mean: float, sd: float, log_rho: float, sigma: float, batches: tu
             hi = min(hi + width, LOG_C_MAX)
         elif post_sd < RESOLVED_STEPS * step:  # too narrow for the grid: zoom in on it
             half = GRID_SDS * max(post_sd, step)
-            lo, hi = max(post_mean - half, lo), min(post_mean + half, hi)
+            lo, hi, points = max(post_mean - half, lo), min(post_mean + half, hi), GRID_POINTS
         else:
             break
     return post_mean, max(post_sd, 1e-12)  # positive even for a prior far outside the range
