@@ -120,7 +120,9 @@ def _likelihood_window(log_rho: float, sigma: float, batches: tuple[float, float
     ends = []
     for shift in (-GRID_SDS * sigma, GRID_SDS * sigma):
         c = factor_of_ratio(math.exp(log_rho + shift), *batches)
-        ends.append(LOG_C_MIN if c <= 0 else LOG_C_MAX if math.isinf(c) else min(max(math.log(c), LOG_C_MIN), LOG_C_MAX))
+        ends.append(
+            LOG_C_MIN if c <= 0 else LOG_C_MAX if math.isinf(c) else min(max(math.log(c), LOG_C_MIN), LOG_C_MAX)
+        )
     return ends[0], ends[1]
 
 
