@@ -31,6 +31,12 @@ The counts follow what this implementation allocates (`workloads/llama.py` under
   stage (the first stage holds the most); GPipe keeps all m; plain accumulation (pp = 1) one.
 - buffers: the data-parallel all-reduce flattens the gradients into one bucket (one more
   gradient-sized copy when dp > 1), plus a fixed per-process runtime overhead.
+
+The byte counts above are this implementation's (`ENGINE`). `Precision` changes them for another
+framework's run: the simulator's Megatron-LM truth (`MEGATRON_BF16`, copus.core.megatron) keeps
+bf16 parameters, fp32 main gradients and fp32 master weights with the two moments (12 bytes per
+parameter, sharded by the distributed optimizer), and with sequence parallelism stores the norms'
+activations in bf16 and sharded over tp.
 """
 
 from __future__ import annotations
@@ -41,7 +47,37 @@ from copus.core.layout import CandidateConfig, ModelShape, stage_layer_ranges
 
 GIB = 1024**3
 FP32 = 4
+BF16 = 2
 ADAM_STATE_BYTES = 2 * FP32  # exp_avg and exp_avg_sq per parameter
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes a framework keeps per parameter and how it stores the norms' activations."""
+
+    param_bytes: int = FP32  # the parameters the forward pass reads
+    grad_bytes: int = FP32  # the gradients accumulated over micro-batches and reduced
+    optimizer_bytes: int = ADAM_STATE_BYTES  # per parameter, sharded with the optimizer state
+    norm_bytes: int = FP32  # the RMSNorms' saved activations
+    sequence_parallel: bool = False  # the norms' activations sharded over tp (Korthikanti et al. 2022)
+    # dp_shard "optimizer" as Megatron's distributed optimizer has it: only the optimizer state is
+    # sharded; parameters and gradients stay whole in their contiguous buffers, which also serve
+    # the reduce-scatter and the all-gather (no sharded copies, no extra bucket).
+    shards_optimizer_state_only: bool = False
+
+
+ENGINE = Precision()  # copus.parallel: fp32 master weights and gradients, AdamW's two moments
+# Megatron-LM with bf16 parameters and fp32 main gradients: 18 bytes per parameter, 6 + 12/d with
+# the distributed optimizer (Megatron Core docs, "Distributed Optimizer"; the 12 are the fp32
+# master weights and the two moments), sequence parallelism on.
+MEGATRON_BF16 = Precision(
+    param_bytes=BF16,
+    grad_bytes=FP32,
+    optimizer_bytes=3 * FP32,
+    norm_bytes=BF16,
+    sequence_parallel=True,
+    shards_optimizer_state_only=True,
+)
 
 
 @dataclass(frozen=True)
@@ -78,9 +114,12 @@ def stage_params_per_rank(shape: ModelShape, tp: int, pp: int, stage: int) -> fl
     return (shape.stage_params(pp, stage) - replicated) / tp + replicated
 
 
-def layer_activation_bytes(shape: ModelShape, tp: int, recompute: str = "none", act_bytes: int = FP32) -> float:
+def layer_activation_bytes(
+    shape: ModelShape, tp: int, recompute: str = "none", act_bytes: int = FP32, precision: Precision = ENGINE
+) -> float:
     """Bytes one transformer layer saves for backward per token of one micro-batch on one rank."""
-    norms = (6 * shape.dim + 2) * FP32  # replicated under tp
+    # Replicated under tp, unless sequence parallelism shards them.
+    norms = (6 * shape.dim + 2) * precision.norm_bytes / (tp if precision.sequence_parallel else 1)
     if recompute == "full":
         return shape.dim * act_bytes  # the layer's input only
     if recompute == "selective":
@@ -94,23 +133,35 @@ def layer_activation_bytes(shape: ModelShape, tp: int, recompute: str = "none", 
 
 
 def activation_bytes_per_token(
-    shape: ModelShape, tp: int, pp: int, stage: int, act_bytes: int = FP32, recompute: str = "none"
+    shape: ModelShape,
+    tp: int,
+    pp: int,
+    stage: int,
+    act_bytes: int = FP32,
+    recompute: str = "none",
+    precision: Precision = ENGINE,
 ) -> float:
     """Bytes saved for backward per token of one micro-batch on one rank of `stage`."""
     layers = len(stage_layer_ranges(shape.n_layers, pp)[stage])
-    total = layers * layer_activation_bytes(shape, tp, recompute, act_bytes)
+    total = layers * layer_activation_bytes(shape, tp, recompute, act_bytes, precision)
     if stage == pp - 1:
         # Final norm, the gathered logits' log-softmax (fp32 for the loss) and the local logits shard.
-        total += 3 * shape.dim * FP32 + shape.vocab_size * FP32 + (shape.vocab_size / tp) * act_bytes * (tp > 1)
+        total += (
+            3 * shape.dim * precision.norm_bytes
+            + shape.vocab_size * FP32
+            + (shape.vocab_size / tp) * act_bytes * (tp > 1)
+        )
     return total
 
 
-def recompute_bytes_per_token(shape: ModelShape, tp: int, recompute: str, act_bytes: int = FP32) -> float:
+def recompute_bytes_per_token(
+    shape: ModelShape, tp: int, recompute: str, act_bytes: int = FP32, precision: Precision = ENGINE
+) -> float:
     """Activations rebuilt in backward, alive for one layer of one micro-batch at a time."""
     if recompute == "none":
         return 0.0
-    return layer_activation_bytes(shape, tp, "none", act_bytes) - (
-        0.0 if recompute == "full" else layer_activation_bytes(shape, tp, recompute, act_bytes)
+    return layer_activation_bytes(shape, tp, "none", act_bytes, precision) - (
+        0.0 if recompute == "full" else layer_activation_bytes(shape, tp, recompute, act_bytes, precision)
     )
 
 
@@ -132,18 +183,23 @@ def microbatches_in_flight(pp: int, stage: int, m: int, schedule: str) -> int:
     return min(m, pp - stage)
 
 
-def model_state_bytes(n: float, unit: float, dp: int, dp_shard: str, m: int = 1) -> tuple[float, float, float, float]:
+def model_state_bytes(
+    n: float, unit: float, dp: int, dp_shard: str, m: int = 1, precision: Precision = ENGINE
+) -> tuple[float, float, float, float]:
     """(params, grads, optimizer, buffers) bytes of a rank holding n parameters (largest FSDP
     unit `unit`) in a dp group of size dp, under `dp_shard`, with m micro-batches per step."""
+    p_bytes, g_bytes, o_bytes = precision.param_bytes, precision.grad_bytes, precision.optimizer_bytes
     if dp == 1 or dp_shard == "none":
-        bucket = n * FP32 if dp > 1 else 0.0  # the flattened gradient buckets of the all-reduce
-        return n * FP32, n * FP32, n * ADAM_STATE_BYTES, bucket
+        bucket = n * g_bytes if dp > 1 else 0.0  # the flattened gradient buckets of the all-reduce
+        return n * p_bytes, n * g_bytes, n * o_bytes, bucket
+    if dp_shard == "optimizer" and precision.shards_optimizer_state_only:
+        return n * p_bytes, n * g_bytes, n * o_bytes / dp, 0.0
     shard = n / dp
     whole = n if dp_shard == "optimizer" else 2 * unit  # gathered for the step / two units in flight
     # Micro-batches accumulate whole gradients without communication until the step's last
     # backward reduce-scatters them; with one micro-batch a unit's gradient lives until its own.
     accumulating = n if m > 1 else unit
-    return (shard + whole) * FP32, (shard + accumulating) * FP32, shard * ADAM_STATE_BYTES, 0.0
+    return (shard + whole) * p_bytes, (shard + accumulating) * g_bytes, shard * o_bytes, 0.0
 
 
 def bytes_per_rank(
@@ -159,6 +215,7 @@ def bytes_per_rank(
     overhead_bytes: float = 0.0,
     dp_shard: str = "none",
     recompute: str = "none",
+    precision: Precision = ENGINE,
 ) -> MemoryBreakdown:
     """Memory of the most loaded rank of the layout (the maximum over pipeline stages)."""
     worst: MemoryBreakdown | None = None
@@ -166,10 +223,10 @@ def bytes_per_rank(
     for stage in range(pp):
         n = stage_params_per_rank(shape, tp, pp, stage)
         unit = largest_shard_unit(shape, tp, pp, stage)
-        params, grads, optimizer, buffers = model_state_bytes(n, unit, dp, dp_shard, m)
+        params, grads, optimizer, buffers = model_state_bytes(n, unit, dp, dp_shard, m, precision)
         acts = microbatches_in_flight(pp, stage, m, schedule) * tokens * activation_bytes_per_token(
-            shape, tp, pp, stage, act_bytes, recompute
-        ) + tokens * recompute_bytes_per_token(shape, tp, recompute, act_bytes)
+            shape, tp, pp, stage, act_bytes, recompute, precision
+        ) + tokens * recompute_bytes_per_token(shape, tp, recompute, act_bytes, precision)
         b = MemoryBreakdown(stage, params, grads, optimizer, acts, buffers + overhead_bytes)
         if worst is None or b.total > worst.total:
             worst = b
@@ -180,7 +237,7 @@ def bytes_per_rank(
 def config_bytes(shape: ModelShape, cfg: CandidateConfig, seq_len: int, **options) -> MemoryBreakdown:
     """`bytes_per_rank` of a candidate configuration (its layout, batch shape, sharding and
     recomputation): what the profiler and the simulator ask. `options`: bytes_per_rank's
-    schedule, act_bytes and overhead_bytes."""
+    schedule, act_bytes, overhead_bytes and precision."""
     layout = (cfg.dp, cfg.tp, cfg.pp, cfg.mbs, cfg.microbatches)
     return bytes_per_rank(shape, *layout, seq_len, dp_shard=cfg.dp_shard, recompute=cfg.recompute, **options)
 

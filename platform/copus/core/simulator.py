@@ -52,7 +52,8 @@ from copus.core.datasheets import NodeSpec
 from copus.core.decision_rule import critical_batch_log_sd, factor_log_sd_at
 from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
-from copus.core.memory import config_bytes, fits
+from copus.core.megatron import MegatronFramework, matmul_flops_per_token, megatron_terms, stage_link_span
+from copus.core.memory import ENGINE, MEGATRON_BF16, config_bytes, fits
 from copus.core.planner import RuleSettings, SwitchCosts
 from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
@@ -60,7 +61,7 @@ from copus.core.reconfiguration import reversed_switches
 from copus.core.search import candidates, gbs_grid, valid_layouts
 from copus.core.sim_calibration import CalibrationSampling, calibration_truth, simulated_calibration
 from copus.core.sim_view import PlannerView, ProfileSampling, profiled_view, table_view
-from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams
+from copus.core.throughput import GRAD_BYTES, StepTimeModel, StepTimeParams, Terms, rank_grad_bytes
 
 BF16 = 2
 # Bytes of training state per parameter with bf16 mixed precision: bf16 weights and gradients,
@@ -373,6 +374,9 @@ class TrainingModel:
 class Cluster:
     node: NodeSpec
     nodes: int
+    # The framework whose run is the truth (copus.core.megatron); None: the plain datasheet model,
+    # the fitted form's own shape.
+    framework: MegatronFramework | None = None
 
     @property
     def world(self) -> int:
@@ -394,10 +398,12 @@ def training_flops_per_token(shape: ModelShape, seq_len: int) -> float:
 
 def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> StepTimeParams:
     """Step-time coefficients of `cfg` on `cluster`. Ranks are laid out (pp, dp, tp), tp
-    innermost (as `copus.parallel.dims`): a tp group spans tp ranks, a dp group dp × tp, the
-    stage-to-stage link crosses nodes once dp × tp fills a node."""
-    acc = cluster.node.accelerator
-    per_token = training_flops_per_token(shape, seq_len)
+    innermost (as `copus.parallel.dims`): a tp group spans tp ranks, a dp group dp × tp; the plain
+    model's stage-to-stage link crosses nodes once dp × tp fills a node, a Megatron run's once its
+    pipeline spans nodes (`copus.core.megatron.stage_link_span`), and a Megatron run counts no
+    matmul work for the embedding."""
+    acc, fw = cluster.node.accelerator, cluster.framework
+    per_token = training_flops_per_token(shape, seq_len) if fw is None else matmul_flops_per_token(shape, seq_len)
     rate = acc.peak_bf16_flops * acc.mfu_max
     # compute = (a0 + a1 mbs / tp): MFU(w) = mfu_max w / (w + h) makes time affine in w.
     a1 = per_token * seq_len / rate
@@ -405,7 +411,8 @@ def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Cand
     act = seq_len * shape.dim * BF16  # one sample's activations at a layer boundary
     tp_bw, tp_lat = cluster.link(cfg.tp)
     dp_bw, dp_lat = cluster.link(cfg.dp * cfg.tp)
-    pp_bw, pp_lat = cluster.link(cfg.dp * cfg.tp + 1)
+    span = cfg.dp * cfg.tp + 1 if fw is None else stage_link_span(cfg, cluster.node.accelerators_per_node)
+    pp_bw, pp_lat = cluster.link(span)
     return StepTimeParams(
         a0=a0,
         a1=a1,
@@ -423,23 +430,38 @@ def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Cand
     )
 
 
+def step_terms(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> Terms:
+    """The pieces of a step of `cfg` in the cluster's truth: the plain model's, or a Megatron
+    run's (its overlap, its interleaving, its fp32 gradient reduction)."""
+    params = hardware_params(cluster, shape, seq_len, cfg)
+    if cluster.framework is None:
+        return StepTimeModel(params, shape).terms(cfg)
+    dp_bw, _ = cluster.link(cfg.dp * cfg.tp)
+    ring = 2 * (cfg.dp - 1) / cfg.dp * rank_grad_bytes(shape, cfg.tp, cfg.pp)  # fp32 bytes each rank sends
+    return megatron_terms(params, shape, cfg, cluster.framework, params.d0 + ring / dp_bw)
+
+
 def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> float:
-    return StepTimeModel(hardware_params(cluster, shape, seq_len, cfg), shape).step_time(cfg)
+    return step_terms(cluster, shape, seq_len, cfg).step
 
 
 def dp_allreduce_ratio(cluster: Cluster, shape: ModelShape, seq_len: int, gbs: int) -> float:
     """The data-parallel all-reduce time per step over the compute time per step of the
     all-data-parallel layout (dp = every accelerator, mbs 1) at `gbs`, a multiple of the world
     size: the dimensionless ratio an emulated cluster's link rate is set to match
-    (docs/emulated-cluster.md, bench/link_rate.py)."""
+    (docs/emulated-cluster.md, bench/link_rate.py). Of the plain model: the all-reduce a run
+    exposes without overlap."""
     cfg = CandidateConfig(dp=cluster.world, tp=1, pp=1, mbs=1, gbs=gbs)
     t = StepTimeModel(hardware_params(cluster, shape, seq_len, cfg), shape).terms(cfg)
     return t.dp_allreduce / (t.pipeline + t.bubble)
 
 
 def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig, margin: float = 0.1) -> bool:
-    node = cluster.node
-    need = config_bytes(shape, cfg, seq_len, act_bytes=BF16, overhead_bytes=node.runtime_overhead_bytes)
+    node, fw = cluster.node, cluster.framework
+    precision = ENGINE if fw is None else replace(MEGATRON_BF16, sequence_parallel=fw.sequence_parallel)
+    need = config_bytes(
+        shape, cfg, seq_len, act_bytes=BF16, overhead_bytes=node.runtime_overhead_bytes, precision=precision
+    )
     return fits(need, node.accelerator.memory_bytes, margin)[0]
 
 

@@ -33,6 +33,7 @@ from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANT
 from copus.core.efficiency import EfficiencyForm
 from copus.core.finite import positive_number
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute, layout_problems
+from copus.core.megatron import DEFAULT_BUCKET_PARAMS, MegatronFramework
 from copus.core.planner import RuleSettings
 from copus.core.policy_names import DEFAULT_SUITE, PolicyName
 from copus.core.ramp import BatchRamp
@@ -55,9 +56,25 @@ from copus.core.simulator import (
 from workloads.flavours import FLAVOURS
 
 
+class SimMegatron(Section):
+    """The Megatron-LM run the truth describes (copus.core.megatron.MegatronFramework)."""
+
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    sequence_parallel: bool = True
+    virtual_stages: int = Field(1, ge=1)
+    bucket_params: float = Field(DEFAULT_BUCKET_PARAMS, gt=0)
+
+
 class SimCluster(Section):
     node: str = "h100-sxm-8"
     nodes: int = Field(1, ge=1)
+    # Whose run the step-time and memory truth is: `plain`, the datasheet model in the fitted form's
+    # own shape (the default, as before), or `megatron`, a Megatron-LM run (copus.core.megatron:
+    # overlap, distributed optimizer with bf16 parameters, sequence parallelism, interleaving, the
+    # stage link and FLOPs as it has them), described by `megatron`.
+    framework: Literal["plain", "megatron"] = "plain"
+    megatron: SimMegatron = SimMegatron()
     # A `copus profile` table JSON of this workload on a real cluster (the emulated one): the
     # step times' truth is that profile, measured where measured and fitted elsewhere, instead of
     # the node's datasheet (copus.core.simulator.MeasuredSteps). A relative path is relative to
@@ -476,10 +493,17 @@ def profile_point_sd_of(cfg: SimConfig) -> float:
     return cfg.profile.timing_noise if cfg.profile.table is None else DEFAULT_PROFILE_POINT_LOG_SD
 
 
+def framework_of(cluster: SimCluster) -> MegatronFramework | None:
+    """The framework the truth describes: None for the plain model."""
+    if cluster.framework == "plain":
+        return None
+    return MegatronFramework(**cluster.megatron.model_dump())
+
+
 def setting_from(cfg: SimConfig) -> Setting:
     """The plain simulator inputs of a validated config."""
     node = NODES[cfg.cluster.node]
-    cluster = Cluster(node, cfg.cluster.nodes)
+    cluster = Cluster(node, cfg.cluster.nodes, framework_of(cfg.cluster))
     p = cfg.parallel or SimParallel(dp=cluster.world)
     t, c = cfg.training, cfg.costs
     return Setting(
