@@ -42,6 +42,8 @@ LAST_LINES = {
     "reconfigure.py": rf"restart/in-place downtime ratio: {NUMBER}",
     "reshard.py": rf"\d+ ranks: in place {NUMBER} s .*, through DCP on disk {NUMBER} s: {NUMBER}x",
     "simulate.py": rf"full simulated comparison: {NUMBER} s wall-clock",
+    "sim_sweep.py": rf"sweep \S+ over \d+ values: copus vs best user-tuned ({NUMBER}% to {NUMBER}%|n/a), vs "
+    rf"hindsight-tuned ({NUMBER}% to {NUMBER}%|n/a), ceiling over hindsight-tuned ({NUMBER}% to {NUMBER}%|n/a)",
 }
 RAY_SCRIPTS = {
     "faults.py",

@@ -63,12 +63,13 @@ def test_overlap_hides_what_fits_under_the_pass_and_no_more():
 
 def test_the_distributed_optimizer_moves_three_quarters_of_an_fp32_all_reduce():
     """Reduce-scatter of fp32 gradients (half an all-reduce) and all-gather of bf16 parameters
-    (a quarter); full sharding gathers again for every micro-batch's forward and backward."""
+    (a quarter); full sharding gathers for every micro-batch's forward and backward and
+    reduce-scatters every micro-batch's gradients."""
     none, opt = CandidateConfig(4, 1, 1, 1, 64), CandidateConfig(4, 1, 1, 1, 64, "optimizer")
     full = CandidateConfig(4, 1, 1, 1, 64, "full")
     assert exposed_dp_seconds(none, 1.0, 0.0, 1e9, OFF) == 1.0
     assert exposed_dp_seconds(opt, 1.0, 0.0, 1e9, OFF) == 0.75
-    assert exposed_dp_seconds(full, 1.0, 0.0, 1e9, OFF) == pytest.approx(0.5 + full.microbatches * 0.5)
+    assert full.microbatches == 16 and exposed_dp_seconds(full, 1.0, 0.0, 1e9, OFF) == pytest.approx(16 * 1.0)
 
 
 def test_interleaving_divides_the_bubble_where_megatron_allows_it():
@@ -126,6 +127,21 @@ def test_a_simulation_names_its_framework_and_bad_fields_are_named():
     assert setting_from(load_sim_config(path)).cluster.framework is None  # plain by default, as before
     cfg = load_sim_config(path, ["cluster.framework=megatron", "cluster.megatron.virtual_stages=2"])
     assert setting_from(cfg).cluster.framework == MegatronFramework(virtual_stages=2)
-    for override in ("cluster.framework=deepspeed", "cluster.megatron.virtual_stages=0", "cluster.megatron.overlap=1"):
+    bad = [["cluster.framework=deepspeed"], ["cluster.megatron.virtual_stages=0"], ["cluster.megatron.overlap=1"]]
+    for overrides in bad:
         with pytest.raises(ConfigError, match="cluster"):
-            load_sim_config(path, [override])
+            load_sim_config(path, overrides)
+    emulated = "experiments/sim/emulated_layout.yaml"  # a measured profile is its step-time truth
+    assert load_sim_config(emulated).cluster.profile is not None
+    with pytest.raises(ConfigError, match="framework: megatron models the cluster's step times"):
+        load_sim_config(emulated, ["cluster.framework=megatron"])
+
+
+def test_full_sharding_holds_no_whole_gradients_under_megatron():
+    """Every micro-batch's gradients are reduce-scattered into the shard: with many micro-batches a
+    rank holds a unit's gradients and its shard, not its stage's whole gradients as the engine does."""
+    cfg = CandidateConfig(16, 1, 1, 1, 64, "full")
+    engine = config_bytes(SHAPE, cfg, SEQ)
+    megatron = config_bytes(SHAPE, cfg, SEQ, precision=MEGATRON_BF16)
+    n = SHAPE.param_count()
+    assert engine.grads > n * 4 and megatron.grads < n * 4 / 4

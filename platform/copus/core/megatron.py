@@ -17,8 +17,10 @@ from a public description, each a field of `MegatronFramework` to switch off:
   bucket by bucket under the backward pass of a step's last micro-batch, the parameter gather
   under the forward pass of its first; only what outlasts that pass, and at least the last
   bucket's share (`bucket_params`, Megatron's default 40 M parameters), is exposed
-  (`exposed_dp_seconds`). Under full sharding every micro-batch gathers the parameters again, each
-  gather under that micro-batch's pass. A micro-batch's backward is 2/3 of its compute.
+  (`exposed_dp_seconds`). Under full sharding (ZeRO-3, Megatron FSDP) every micro-batch gathers
+  the parameters for its forward and again for its backward and reduce-scatters its gradients
+  into the shard, each under that micro-batch's pass (so no rank holds whole gradients: memory's
+  `MEGATRON_BF16`). A micro-batch's backward is 2/3 of its compute.
 - **Sequence parallelism** (Korthikanti et al. 2022): the tensor-parallel all-reduces become
   reduce-scatters and all-gathers of the same volume (time unchanged), and the norms'
   activations are sharded over tp (memory).
@@ -100,11 +102,13 @@ def exposed_dp_seconds(cfg: CandidateConfig, allreduce_s: float, compute_s: floa
     exposed = hidden_under(reduce_scatter, backward, fw.overlap_grad_reduce)
     if cfg.dp_shard == "optimizer":  # the parameters gathered once, under the first forward
         return exposed + hidden_under(gather, forward, fw.overlap_param_gather)
-    # full: every micro-batch gathers them for its forward and again for its backward
+    # full: every micro-batch gathers them for its forward and again for its backward, and
+    # reduce-scatters its gradients under that backward too
+    overlap = fw.overlap_param_gather and fw.overlap_grad_reduce
     per_microbatch = hidden_under(gather, forward, fw.overlap_param_gather) + hidden_under(
-        gather, backward, fw.overlap_param_gather
+        gather + reduce_scatter, backward, overlap
     )
-    return exposed + cfg.microbatches * per_microbatch
+    return cfg.microbatches * per_microbatch
 
 
 def megatron_terms(

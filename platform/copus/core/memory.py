@@ -64,6 +64,9 @@ class Precision:
     # sharded; parameters and gradients stay whole in their contiguous buffers, which also serve
     # the reduce-scatter and the all-gather (no sharded copies, no extra bucket).
     shards_optimizer_state_only: bool = False
+    # dp_shard "full" reduce-scatters every micro-batch's gradients into the shard (ZeRO-3, Megatron
+    # FSDP) instead of accumulating them whole until the step's last backward (this engine's FSDP2).
+    reduces_every_microbatch: bool = False
 
 
 ENGINE = Precision()  # copus.parallel: fp32 master weights and gradients, AdamW's two moments
@@ -77,6 +80,7 @@ MEGATRON_BF16 = Precision(
     norm_bytes=BF16,
     sequence_parallel=True,
     shards_optimizer_state_only=True,
+    reduces_every_microbatch=True,
 )
 
 
@@ -198,7 +202,7 @@ def model_state_bytes(
     whole = n if dp_shard == "optimizer" else 2 * unit  # gathered for the step / two units in flight
     # Micro-batches accumulate whole gradients without communication until the step's last
     # backward reduce-scatters them; with one micro-batch a unit's gradient lives until its own.
-    accumulating = n if m > 1 else unit
+    accumulating = n if m > 1 and not precision.reduces_every_microbatch else unit
     return (shard + whole) * p_bytes, (shard + accumulating) * g_bytes, shard * o_bytes, 0.0
 
 

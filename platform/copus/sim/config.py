@@ -75,6 +75,15 @@ class SimCluster(Section):
     # stage link and FLOPs as it has them), described by `megatron`.
     framework: Literal["plain", "megatron"] = "plain"
     megatron: SimMegatron = SimMegatron()
+
+    @model_validator(mode="after")
+    def _one_step_time_truth(self) -> SimCluster:
+        if self.framework != "plain" and self.profile is not None:
+            raise ValueError(
+                f"framework: {self.framework} models the cluster's step times, profile measures them: set one"
+            )
+        return self
+
     # A `copus profile` table JSON of this workload on a real cluster (the emulated one): the
     # step times' truth is that profile, measured where measured and fitted elsewhere, instead of
     # the node's datasheet (copus.core.simulator.MeasuredSteps). A relative path is relative to

@@ -51,6 +51,9 @@ def run_simulation(cfg: SimConfig) -> dict:
         "fastest_baseline": copus.get("fastest_baseline"),
         "paper": cfg.paper.model_dump(),
         "truth": {
+            # plain (the datasheet model), megatron (copus.core.megatron) or a measured profile
+            "step_time": "profile" if cfg.cluster.profile is not None else cfg.cluster.framework,
+            "megatron": cfg.cluster.megatron.model_dump() if cfg.cluster.framework == "megatron" else None,
             "critical_batch": setting.critical.source,
             "calibration": cfg.training.calibration,
             "efficiency": "McCandlish et al. 2018: a step of B samples is worth B*B_crit/(B_crit+B)",
