@@ -71,6 +71,21 @@ HEADLINES = (
         "copus compare experiments/compare_cpu_rule.yaml",
     ),
     Headline(
+        "COPUS as a new user gets it under the rules of Dec 6 (also: the rest of the run over the latest "
+        "doubling, candidates at the run's own speed) against static GBS 16",
+        ("compare-cpu-rule-dec6.json",),
+        "copus",
+        "static",
+        "copus compare experiments/compare_cpu_rule_dec6.yaml",
+    ),
+    Headline(
+        "the rules of Dec 6 against those of Dec 5 (the latest 8 evaluations, profile speeds)",
+        ("compare-cpu-rule-dec6.json",),
+        "copus",
+        "copus-dec5",
+        "copus compare experiments/compare_cpu_rule_dec6.yaml",
+    ),
+    Headline(
         "EMULATED 2-node cluster (CPU compute, 185 Mbit/s links), layout suite: COPUS against the best "
         "baseline (tuned ramp); the layout never moved",
         ("compare-emulated-layout.json",),
