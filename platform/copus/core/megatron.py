@@ -84,7 +84,9 @@ def interleaved_stages(cfg: CandidateConfig, shape: ModelShape, fw: MegatronFram
     return v
 
 
-def exposed_dp_seconds(cfg: CandidateConfig, allreduce_s: float, compute_s: float, rank_params: float, fw) -> float:
+def exposed_dp_seconds(
+    cfg: CandidateConfig, allreduce_s: float, compute_s: float, rank_params: float, fw: MegatronFramework
+) -> float:
     """Seconds of data-parallel communication a step does not hide. `allreduce_s`: one ring
     all-reduce of the rank's fp32 gradients; `compute_s`: one micro-batch's compute on the
     busiest stage (the pass a reduction or gather can hide under)."""
