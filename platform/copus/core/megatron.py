@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from copus.core.layout import CandidateConfig, ModelShape
+from copus.core.memory import MEGATRON_BF16, Precision
 from copus.core.throughput import StepTimeModel, StepTimeParams, Terms
 
 BACKWARD_SHARE = 2.0 / 3.0  # of a micro-batch's compute: the backward pass is twice the forward
@@ -59,6 +60,11 @@ class MegatronFramework:
             raise ValueError(f"virtual_stages must be >= 1, got {self.virtual_stages!r}")
         if not self.bucket_params > 0:
             raise ValueError(f"bucket_params must be positive, got {self.bucket_params!r}")
+
+    @property
+    def precision(self) -> Precision:
+        """What a rank keeps, for copus.core.memory: Megatron's bf16 bytes, sequence parallelism as set."""
+        return replace(MEGATRON_BF16, sequence_parallel=self.sequence_parallel)
 
 
 def matmul_flops_per_token(shape: ModelShape, seq_len: int) -> float:

@@ -53,7 +53,7 @@ from copus.core.decision_rule import critical_batch_log_sd, factor_log_sd_at
 from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
 from copus.core.megatron import MegatronFramework, matmul_flops_per_token, megatron_terms, stage_link_span
-from copus.core.memory import ENGINE, MEGATRON_BF16, config_bytes, fits
+from copus.core.memory import ENGINE, config_bytes, fits
 from copus.core.planner import RuleSettings, SwitchCosts
 from copus.core.policy_names import SCHEDULED
 from copus.core.ramp import BatchRamp
@@ -458,7 +458,7 @@ def dp_allreduce_ratio(cluster: Cluster, shape: ModelShape, seq_len: int, gbs: i
 
 def memory_fits(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig, margin: float = 0.1) -> bool:
     node, fw = cluster.node, cluster.framework
-    precision = ENGINE if fw is None else replace(MEGATRON_BF16, sequence_parallel=fw.sequence_parallel)
+    precision = ENGINE if fw is None else fw.precision
     need = config_bytes(
         shape, cfg, seq_len, act_bytes=BF16, overhead_bytes=node.runtime_overhead_bytes, precision=precision
     )
