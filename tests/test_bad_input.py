@@ -183,7 +183,7 @@ def assert_refused_before_start(
     import copus.cluster.driver as driver
 
     ray_starts: list = []  # Ray may be up already (other tests): what matters is that this run never asks for it
-    monkeypatch.setattr(driver, "ensure_ray", lambda cfg: ray_starts.append(cfg))
+    monkeypatch.setattr(driver, "join_cluster", lambda cfg, echo: ray_starts.append(cfg))
     assert main(["run", str(experiment)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(expected), err

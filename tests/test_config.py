@@ -89,6 +89,11 @@ BAD = [
         {"link_mbit": 100, "subnet": "10.77.0.1/24"},
         "cluster.emulate.subnet: 10.77.0.1/24 has host bits set",
     ),
+    (
+        "cluster.emulate",
+        {"link_mbit": 100, "compute_reference_every": "run"},
+        "cluster.emulate.compute_reference_every: `run` rescales the links to compute_reference_s: set it too",
+    ),
 ]
 
 

@@ -111,3 +111,79 @@ def test_a_bad_reference_is_refused_naming_the_field(base_mapping, tmp_path, cap
     )
     assert cli_main(["validate", str(path)]) == 2
     assert "cluster.emulate.compute_reference_s" in capsys.readouterr().err
+
+
+def _healthy_cluster(monkeypatch, link_mbit: float) -> list[float]:
+    """An emulated cluster that is up at `link_mbit`, as emulate.status reads it; returns the
+    rates emulate.reshape is asked for (recorded, and the state follows them as the real one)."""
+    from copus.cluster import emulate
+
+    state = {"healthy": True, "spec": {"link_mbit": link_mbit}}
+    asked: list[float] = []
+
+    def reshape(state_dir, mbit):
+        asked.append(mbit)
+        state["spec"]["link_mbit"] = mbit
+
+    monkeypatch.setattr(emulate, "status", lambda state_dir: state)
+    monkeypatch.setattr(emulate, "reshape", reshape)
+    return asked
+
+
+def test_every_run_measures_again_and_recaps_the_links_of_the_cluster_that_is_up(base_mapping, monkeypatch, tmp_path):
+    monkeypatch.setenv("COPUS_CACHE_DIR", str(tmp_path / "cache"))
+    readings = iter([0.1, 0.05, 0.05, 0.2])
+    monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: next(readings))
+    cfg = _config(base_mapping, compute_reference_s=0.1, compute_reference_every="run")
+    assert EmulatedSpec.from_config(cfg).link_mbit == 200.0  # brought up at the first reading
+    asked = _healthy_cluster(monkeypatch, 200.0)
+    lines: list[str] = []
+    # The machine got twice as fast: the next run measures it and doubles the rate.
+    assert emulate_link.relink(cfg, lines.append).link_mbit == 400.0
+    assert asked == [400.0] and lines[-1].startswith("links: 400 Mbit/s (was 200): the reference step read 0.0500 s")
+    assert emulate_link.link_rate(cfg).link_mbit == 400.0  # the run's topology reads the rate it runs at
+    assert emulate_link.relink(cfg, lines.append).link_mbit == 400.0 and asked == [400.0]  # unchanged: not re-capped
+    # A new process (the next `copus run` against this cluster) describes it as it now is.
+    monkeypatch.setattr(emulate_link, "_MEASURED", {})
+    assert EmulatedSpec.from_config(cfg).link_mbit == 400.0
+    assert emulate_link.relink(cfg, lines.append).link_mbit == 100.0 and asked == [400.0, 100.0]
+
+
+def test_once_per_machine_or_without_a_cluster_up_nothing_is_remeasured(base_mapping, monkeypatch, tmp_path):
+    from copus.cluster import emulate
+
+    monkeypatch.setenv("COPUS_CACHE_DIR", str(tmp_path / "cache"))
+    readings = iter([0.05])
+    monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: next(readings))
+    asked = _healthy_cluster(monkeypatch, 400.0)
+    machine = _config(base_mapping, compute_reference_s=0.1)
+    assert emulate_link.relink(machine, pytest.fail) is None and asked == []
+    assert emulate_link.link_rate(machine).link_mbit == 400.0  # the one reading
+    monkeypatch.setattr(emulate, "status", lambda state_dir: None)
+    every_run = _config(base_mapping, compute_reference_s=0.1, compute_reference_every="run")
+    assert emulate_link.relink(every_run, pytest.fail) is None and asked == []
+    assert emulate_link.relink(_config(base_mapping), pytest.fail) is None
+
+
+def test_a_profile_over_links_recapped_every_run_is_keyed_by_the_ratio_not_the_rate(base_mapping, monkeypatch, tmp_path):
+    monkeypatch.setenv("COPUS_CACHE_DIR", str(tmp_path / "cache"))
+    readings = iter([0.05, 0.2])
+    monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: next(readings))
+    machine = _config(base_mapping, compute_reference_s=0.1)
+    assert emulate_link.link_key(machine) == {"link_mbit": 400.0}
+    every_run = _config(base_mapping, compute_reference_s=0.1, compute_reference_every="run")
+    key = {"link_mbit_at_reference": 200.0, "compute_reference_s": 0.1}
+    assert emulate_link.link_key(every_run) == key
+    _healthy_cluster(monkeypatch, 400.0)
+    emulate_link.relink(every_run, lambda line: None)  # the rate moves to 100 Mbit/s ...
+    assert emulate_link.link_key(every_run) == key  # ... the table's key does not
+
+
+def test_the_hardware_label_names_the_link_either_way():
+    from copus.train.host import hardware_label
+
+    cpu = {"kind": "cpu", "cpu": "Xeon", "cores": 1, "host_memory_gib": 12}
+    fixed = hardware_label({**cpu, "emulated": {"nodes": 2, "link_mbit": 380.0, "cores_per_node": 1}})
+    assert fixed.endswith("EMULATED 2-node cluster (links 380 Mbit/s)")
+    ratio = {"nodes": 2, "link_mbit_at_reference": 380.0, "compute_reference_s": 0.1053, "cores_per_node": 1}
+    assert "links 380 Mbit/s at a 0.1053 s reference step, re-capped" in hardware_label({**cpu, "emulated": ratio})

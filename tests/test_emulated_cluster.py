@@ -149,6 +149,35 @@ def test_nodes_own_a_namespace_cores_and_a_capped_link(cluster):
         emulate.up(other)
 
 
+@needs_root
+def test_every_run_recaps_the_real_links_to_this_machines_compute(cluster, monkeypatch, tmp_path):
+    """compute_reference_every: run: a run's start measures the reference step again and the
+    qdiscs of the cluster that is up follow it (a machine at half the reference's speed gets half
+    the rate), the state file too, so that the next process describes the cluster as it is."""
+    from copus.cluster import emulate_link
+    from copus.train import reference_step
+
+    _, path, state = cluster
+    monkeypatch.setenv("COPUS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(emulate_link, "_MEASURED", {})
+    monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: 0.2)
+    mapping = yaml.safe_load(path.read_text())
+    mapping["cluster"]["emulate"].update(compute_reference_s=0.1, compute_reference_every="run")
+    try:
+        assert emulate_link.relink(config_from_mapping(mapping), lambda line: None).link_mbit == LINK_MBIT / 2
+        for node in state["nodes"]:
+            into = subprocess.run(["tc", "qdisc", "show", "dev", node["link"]], capture_output=True, text=True)
+            out = ["ip", "netns", "exec", node["name"], "tc", "qdisc", "show", "dev", emulate.NODE_IFNAME]
+            assert all(f"rate {LINK_MBIT / 2:g}Mbit" in q for q in (into.stdout, _stdout(out))), into.stdout
+        assert emulate.read_state(STATE_DIR)["spec"]["link_mbit"] == LINK_MBIT / 2
+    finally:
+        emulate.reshape(STATE_DIR, LINK_MBIT)
+
+
+def _stdout(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+
 # The controller's scripted decisions (tests/cluster/test_controller.py) with the layouts' roles
 # swapped: the pipeline (pp crosses nodes) is best at small GBS, dp4 (dp crosses) at GBS 32.
 SWITCH = """

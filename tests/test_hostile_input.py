@@ -180,7 +180,7 @@ def test_prepare_keys_the_cache_by_vocabulary(scratch, base_mapping):
 def test_a_damaged_run_state_is_refused_before_ray(base_mapping, tmp_path, monkeypatch, content):
     import copus.cluster.driver as driver
 
-    monkeypatch.setattr(driver, "ensure_ray", lambda cfg: pytest.fail("Ray was asked for"))
+    monkeypatch.setattr(driver, "join_cluster", lambda cfg, echo: pytest.fail("Ray was asked for"))
     out = tmp_path / "out"
     out.mkdir()
     (out / "run_state.json").write_text(content)
@@ -192,7 +192,7 @@ def test_a_damaged_run_state_is_refused_before_ray(base_mapping, tmp_path, monke
 def test_fresh_refuses_a_directory_holding_other_files(base_mapping, tmp_path, monkeypatch):
     import copus.cluster.driver as driver
 
-    monkeypatch.setattr(driver, "ensure_ray", lambda cfg: pytest.fail("Ray was asked for"))
+    monkeypatch.setattr(driver, "join_cluster", lambda cfg, echo: pytest.fail("Ray was asked for"))
     out = tmp_path / "out"
     (out / "ray").mkdir(parents=True)
     (out / "summary.json").write_text("{}")

@@ -272,6 +272,11 @@ class EmulateConfig(Section):
     # over the step measured there, so that the all-reduce weighs against compute alike
     # (copus.cluster.emulate_link). Unset: link_mbit on every machine.
     compute_reference_s: float | None = Field(None, gt=0.0, le=3600.0)
+    # How often this machine's reference step is measured: once per machine and workload
+    # (`machine`, kept in a cache), or at the start of every run and profile (`run`), the links
+    # of the cluster that is up re-capped to it: on a machine whose speed drifts over the hours a
+    # suite runs, every run keeps the ratio the rate was chosen for.
+    compute_reference_every: Literal["machine", "run"] = "machine"
     cores_per_node: int = Field(1, ge=1)  # cores each node owns (wrapping round the machine's cores)
     subnet: str = "10.77.0.0/24"  # the bridge's; the head is .1, node i is .(10 + i)
     port: int = Field(6390, ge=1024, le=65535)  # the head's GCS port; its dashboard (job API) is port + 1
@@ -568,6 +573,10 @@ def _check_emulate(c: ClusterConfig) -> None:
         raise FieldProblem("cluster.emulate.subnet", str(err)) from None
     if net.num_addresses < 12 + e.nodes:
         raise FieldProblem("cluster.emulate.subnet", f"{e.subnet} has no room for the head and {e.nodes} nodes")
+    if e.compute_reference_every == "run" and e.compute_reference_s is None:
+        raise FieldProblem(
+            "cluster.emulate.compute_reference_every", "`run` rescales the links to compute_reference_s: set it too"
+        )
 
 
 def _check_ramp(cfg: ExperimentConfig, shape) -> None:

@@ -32,7 +32,7 @@ import ray
 from ray import tune
 
 from copus.cluster.calibration_reuse import imported_points, load_reusable, provenance
-from copus.cluster.launch import ensure_ray, prepare_plan
+from copus.cluster.launch import join_cluster, prepare_plan
 from copus.cluster.profile_table import key_id
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.calibration import (
@@ -490,7 +490,7 @@ def run_calibration(
     t = time.time()
     cal = Calibration(cfg, echo)
     points_from = _take_over_points(cal, reuse_points, echo) if reuse_points else None
-    ensure_ray(cfg)
+    join_cluster(cfg, echo)
     cal.parent = cal.tracker.start_run(
         f"calibrate: {cfg.name}",
         flatten({"calibration": cal.settings}),

@@ -32,7 +32,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig
 from copus.cluster.controller import ControllerSpec, GoodputController
 from copus.cluster.controller_setup import setup_controller
 from copus.cluster.driver_run import DriverRun, run_label
-from copus.cluster.launch import ensure_ray, fit_and_drain, make_trainer, prepare_plan
+from copus.cluster.launch import fit_and_drain, join_cluster, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.probes import ProbeSource
 from copus.cluster.record_handler import RecordHandler
@@ -76,7 +76,7 @@ def run_experiment(
     its summary (also OUTPUT_DIR/summary.json)."""
     tokens, plan = prepare_data(cfg, echo)
     state, faults = open_output_dir(cfg, fresh, tokens.fingerprint, echo)
-    ensure_ray(cfg)
+    join_cluster(cfg, echo)
     spec, start = setup_controller(cfg, echo, b_noise_script, tokens.fingerprint) if cfg.adaptive else (None, None)
     run = new_run(cfg, tokens, plan, state, faults, spec, start or cfg.start_config(), echo)
     start_tracking(run, parent_run_id)

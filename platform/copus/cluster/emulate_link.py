@@ -6,7 +6,9 @@ compute as the step, so their ratio, which decides where data parallelism across
 stays what it was where the rate was chosen, on a faster or slower CPU alike.
 
 The measurement is kept per machine, CPU model and workload in ~/.cache/copus (COPUS_CACHE_DIR
-overrides), so every run of a suite on one machine sees the same rate."""
+overrides), so every run of a suite on one machine sees the same rate; with
+`cluster.emulate.compute_reference_every: run` it is measured again at the start of every run
+and profile and the links re-capped (`relink`), for a machine whose speed drifts."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from copus.config import ExperimentConfig
 
@@ -64,18 +67,21 @@ def link_rate(cfg: ExperimentConfig) -> LinkRate:
 _MEASURED: dict[Path, float] = {}
 
 
-def measured_reference_step_s(cfg: ExperimentConfig) -> float:
+def measured_reference_step_s(cfg: ExperimentConfig, fresh: bool = False) -> float:
+    """This machine's reference step for cfg's workload: what this process measured, else the
+    cache's, else measured now; `fresh`: measured now whatever is kept (and kept after)."""
     flavour, seq_len, samples = reference_shape(cfg)
     path = _cache_path(flavour, seq_len, samples)
-    if path in _MEASURED:
-        return _MEASURED[path]
-    try:
-        return _MEASURED.setdefault(path, float(json.loads(path.read_text())["reference_step_s"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    if not fresh:
+        if path in _MEASURED:
+            return _MEASURED[path]
+        try:
+            return _MEASURED.setdefault(path, float(json.loads(path.read_text())["reference_step_s"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     from copus.train.reference_step import reference_step_s  # torch: only when measuring
 
-    seconds = _MEASURED.setdefault(path, reference_step_s(flavour, seq_len, samples))
+    seconds = _MEASURED[path] = reference_step_s(flavour, seq_len, samples)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -84,6 +90,43 @@ def measured_reference_step_s(cfg: ExperimentConfig) -> float:
     except OSError:
         pass  # an unwritable cache: this process keeps its measurement, the next measures again
     return seconds
+
+
+def relink(cfg: ExperimentConfig, echo: Callable[[str], None]) -> LinkRate | None:
+    """Under `cluster.emulate.compute_reference_every: run`, at the start of a run or profile:
+    the reference step measured again and the links of the emulated cluster that is up re-capped
+    at the rate it gives, so that a machine whose compute drifts over a suite's hours keeps the
+    all-reduce/compute ratio in every run (one rate for a run: it is not re-capped mid-run).
+    The cache keeps the new step, so a later process describes the cluster as it now is. None
+    (nothing done) for the other setting, or when no cluster of cfg's is up here."""
+    from copus.cluster import emulate  # its ip/tc commands; no ray
+
+    e = cfg.cluster.emulate
+    if e is None or e.compute_reference_every != "run":
+        return None
+    state = emulate.status(e.state_dir)
+    if state is None or not state["healthy"]:
+        return None
+    before = float(state["spec"]["link_mbit"])
+    measured_reference_step_s(cfg, fresh=True)
+    rate = link_rate(cfg)
+    if rate.link_mbit != before:
+        emulate.reshape(e.state_dir, rate.link_mbit)
+    echo(
+        f"links: {rate.link_mbit:g} Mbit/s (was {before:g}): the reference step read {rate.measured_step_s:.4f} s "
+        f"here, {e.compute_reference_s:g} s where {e.link_mbit:g} Mbit/s was chosen"
+    )
+    return rate
+
+
+def link_key(cfg: ExperimentConfig) -> dict:
+    """How an emulated cluster's link enters the key of a profile measured over it: the rate
+    itself, or, where every run re-caps it (compute_reference_every: run), the ratio it keeps
+    (the configured rate at its reference step), so that every run of a suite reads one table."""
+    e = cfg.cluster.emulate
+    if e.compute_reference_every == "run":
+        return {"link_mbit_at_reference": float(e.link_mbit), "compute_reference_s": e.compute_reference_s}
+    return {"link_mbit": link_rate(cfg).link_mbit}
 
 
 def _cache_key(flavour, seq_len: int, samples: int) -> dict:

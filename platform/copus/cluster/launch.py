@@ -33,6 +33,16 @@ class MonitorLost(RuntimeError):
     """The actor that carries rank 0's records to the driver is gone for good."""
 
 
+def join_cluster(cfg: ExperimentConfig, echo: Callable[[str], None]) -> None:
+    """The start of a run, profile or calibration on Ray: an emulated cluster whose links follow
+    this machine's compute re-capped for it (copus.cluster.emulate_link.relink), then Ray joined
+    or started (ensure_ray)."""
+    from copus.cluster.emulate_link import relink
+
+    relink(cfg, echo)
+    ensure_ray(cfg)
+
+
 def ensure_ray(cfg: ExperimentConfig) -> None:
     """Join the cluster RAY_ADDRESS names (as under `ray job submit`), else the one the config
     names (cluster.address, or the emulated cluster of cluster.emulate), else start a private

@@ -20,7 +20,7 @@ from typing import Callable
 
 import ray
 
-from copus.cluster.launch import crossing_of, ensure_ray, fit_and_drain, one_shot_trainer, prepare_plan, run_topology
+from copus.cluster.launch import crossing_of, fit_and_drain, join_cluster, one_shot_trainer, prepare_plan, run_topology
 from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.profile_table import ProfileTable, profile_key
 from copus.cluster.worker import profile_worker
@@ -62,21 +62,18 @@ def workload_key(cfg: ExperimentConfig) -> dict:
 def detect_hardware(cfg: ExperimentConfig) -> dict:
     """The hardware of a worker node (scheduled with one worker's resources). On an emulated
     cluster also its topology (nodes, link rate, cores per node), so that a table measured over
-    one link rate is never read for another."""
+    one link rate is never read for another (nor, where every run re-caps the link to this
+    machine's compute, over another ratio of the link to compute)."""
     c = cfg.cluster
     task = ray.remote(describe_hardware).options(
         num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker if c.use_gpu else 0
     )
     hardware = ray.get(task.remote(c.use_gpu))
     if c.emulate is not None:
-        from copus.cluster.emulate_link import link_rate
+        from copus.cluster.emulate_link import link_key
 
         e = c.emulate
-        hardware["emulated"] = {
-            "nodes": e.nodes,
-            "link_mbit": link_rate(cfg).link_mbit,
-            "cores_per_node": e.cores_per_node,
-        }
+        hardware["emulated"] = {"nodes": e.nodes, **link_key(cfg), "cores_per_node": e.cores_per_node}
     return hardware
 
 
@@ -142,7 +139,7 @@ def run_profile(cfg: ExperimentConfig, refresh: bool = False, echo: Callable[[st
     t0 = time.time()
     shape = cfg.flavour().shape()
     _, plan = prepare_plan(cfg)
-    ensure_ray(cfg)
+    join_cluster(cfg, echo)
     hardware = detect_hardware(cfg)
     key = profile_key(workload_key(cfg), hardware, cfg.cluster.num_workers)
     table_dir = cfg.resolved_profile_dir()

@@ -61,7 +61,13 @@ def hardware_label(hw: dict) -> str:
     label = f"CPU {hw['cpu']}, {hw['cores']} cores, {hw['host_memory_gib']} GiB"
     if "emulated" in hw:
         e = hw["emulated"]
-        label += f", per node of an EMULATED {e['nodes']}-node cluster (links {e['link_mbit']:g} Mbit/s)"
+        link = (
+            f"{e['link_mbit']:g} Mbit/s"
+            if "link_mbit" in e
+            else f"{e['link_mbit_at_reference']:g} Mbit/s at a {e['compute_reference_s']:g} s reference step, "
+            "re-capped to this machine's compute every run"
+        )
+        label += f", per node of an EMULATED {e['nodes']}-node cluster (links {link})"
     return label
 
 
