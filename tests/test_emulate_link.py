@@ -165,7 +165,9 @@ def test_once_per_machine_or_without_a_cluster_up_nothing_is_remeasured(base_map
     assert emulate_link.relink(_config(base_mapping), pytest.fail) is None
 
 
-def test_a_profile_over_links_recapped_every_run_is_keyed_by_the_ratio_not_the_rate(base_mapping, monkeypatch, tmp_path):
+def test_a_profile_over_links_recapped_every_run_is_keyed_by_the_ratio_not_the_rate(
+    base_mapping, monkeypatch, tmp_path
+):
     monkeypatch.setenv("COPUS_CACHE_DIR", str(tmp_path / "cache"))
     readings = iter([0.05, 0.2])
     monkeypatch.setattr(reference_step, "reference_step_s", lambda *a: next(readings))

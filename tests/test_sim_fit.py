@@ -14,6 +14,7 @@ from copus.sim.fit import main as fit_main
 from copus.sim.fit import overheads_of, trajectory_of
 
 REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "docs" / "results" / "profile-emulated-layout.json"
 
 
 def _write_run(path: Path, layout=(2, 1, 1), gbs=8) -> Path:
@@ -46,6 +47,33 @@ def test_a_runs_records_give_its_trajectory_and_its_overheads(tmp_path):
     assert o["between_steps_s"] == pytest.approx(0.1)  # the gaps, evaluations taken out
     assert o["eval_s"] == {"dp1-tp1-pp2": pytest.approx(0.5), "dp2-tp1-pp1": pytest.approx(0.5)}
     assert o["runs"] == 2 and o["step_time_s"]["dp2-tp1-pp1 mbs4 gbs8"] == pytest.approx(1.0)
+
+
+def test_the_runs_step_times_over_a_profile_give_the_run_factor_by_layout(tmp_path, capsys):
+    from copus.core.layout import CandidateConfig
+    from copus.sim.config import read_profile_steps
+    from copus.sim.fit import run_factor
+
+    runs = [_write_run(tmp_path / "a"), _write_run(tmp_path / "b", layout=(1, 1, 2))]
+    profile = read_profile_steps(PROFILE, "--profile", "tiny", 128, 2)
+    factor = run_factor(overheads_of(runs), profile)
+    for row in factor["configs"]:  # every step took 1.0 s
+        config = CandidateConfig.from_dict({**row, **_fields(row["config"])})
+        assert row["ratio"] == pytest.approx(1.0 / profile.profile_step_time(config))
+    # Per layout, the configuration that ran the most steps (GBS 8: 2 of 3) decides the median.
+    for layout in ("dp2-tp1-pp1", "dp1-tp1-pp2"):
+        gbs8 = next(r for r in factor["configs"] if r["layout"] == layout and r["config"].endswith("gbs8"))
+        assert factor["by_layout"][layout] == gbs8["ratio"] and gbs8["steps"] == 2
+    experiment = str(REPO / "experiments/emulated_layout.yaml")
+    assert fit_main([*map(str, runs), "--experiment", experiment, "--profile", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"copus.sim.fit: --profile: {tmp_path / 'none.json'}: file not found")
+
+
+def _fields(label: str) -> dict:
+    """dp2-tp1-pp1 mbs4 gbs8 -> its fields."""
+    layout, mbs, gbs = label.split()
+    dp, tp, pp = (int(part[2:]) for part in layout.split("-"))
+    return {"dp": dp, "tp": tp, "pp": pp, "mbs": int(mbs[3:]), "gbs": int(gbs[3:])}
 
 
 def test_a_directory_without_records_is_refused_in_one_line(tmp_path, capsys):

@@ -100,6 +100,30 @@ def test_an_overhead_layout_label_that_is_not_one_is_refused(tmp_path):
         load_sim_config(_sim_yaml(tmp_path, overheads={"eval_every_steps": 10, "eval_s": {"dp2": 0.5}}))
 
 
+def test_a_run_factor_slows_the_truth_by_layout_and_the_planner_still_reads_the_profile(tmp_path):
+    plain = setting_from(load_sim_config(_sim_yaml(tmp_path)))
+    cluster = {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE), "run_factor": {"dp1-tp1-pp2": 1.25}}
+    slowed = setting_from(load_sim_config(_sim_yaml(tmp_path, cluster=cluster)))
+    pp2, dp2 = CandidateConfig(1, 1, 2, 2, 8), CandidateConfig(2, 1, 1, 4, 8)
+    assert slowed.measured.step_time(pp2) == pytest.approx(1.25 * plain.measured.step_time(pp2), rel=1e-12)
+    assert slowed.measured.step_time(dp2) == plain.measured.step_time(dp2)  # a layout not named: x1
+    assert slowed.measured.profile_step_time(pp2) == plain.measured.step_time(pp2)  # what a profile reads
+
+
+@pytest.mark.parametrize(
+    "cluster,field",
+    [
+        ({"run_factor": {"pp2": 1.2}}, "cluster.run_factor.pp2"),
+        ({"run_factor": {"dp2-tp1-pp1": 0}}, "cluster.run_factor.dp2-tp1-pp1"),
+        ({"profile": None, "run_factor": {"dp2-tp1-pp1": 1.1}}, "cluster.run_factor"),
+    ],
+)
+def test_a_bad_run_factor_is_refused_naming_the_field(tmp_path, cluster, field):
+    doc = {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE), **cluster}
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_sim_config(_sim_yaml(tmp_path, cluster={k: v for k, v in doc.items() if v is not None}))
+
+
 def test_the_planner_reads_a_real_profile_file_and_trains_at_the_truths_speed(tmp_path):
     """profile.table: the planner's table is another real profile (here one measured on another
     machine); static's layout for GBS 16 is that table's fastest, and its run takes the truth's

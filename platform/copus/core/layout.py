@@ -48,7 +48,11 @@ class CandidateConfig:
         return {k: getattr(self, k) for k in REPLICA_FIELDS}
 
     def label(self) -> str:
-        return f"dp{self.dp}-tp{self.tp}-pp{self.pp} mbs{self.mbs} gbs{self.gbs}{self.knobs_label()}"
+        return f"{self.layout_label()} mbs{self.mbs} gbs{self.gbs}{self.knobs_label()}"
+
+    def layout_label(self) -> str:
+        """The layout alone, e.g. dp2-tp1-pp1: how overheads and run factors are keyed."""
+        return f"dp{self.dp}-tp{self.tp}-pp{self.pp}"
 
     def shape_label(self) -> str:
         """The label without the GBS: what stays when only the batch size changes."""

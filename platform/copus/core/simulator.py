@@ -507,10 +507,18 @@ class MeasuredSteps:
     infeasible: frozenset[CandidateConfig] = frozenset()
     source: str = ""
     held_out: tuple[float, float] = (0.0, 0.0)  # the fit's held-out (mean, worst) relative error
+    # What real runs paid per step over the profile's reading, by layout label (dpX-tpY-ppZ;
+    # 1 where not named): a profile's few steps on a fresh worker group read under a run's
+    # steady state, by a measurable factor (copus.sim.fit --profile).
+    run_factor: tuple[tuple[str, float], ...] = ()
 
-    def step_time(self, cfg: CandidateConfig) -> float:
+    def profile_step_time(self, cfg: CandidateConfig) -> float:
+        """The profile's own reading: measured where measured, its fitted model elsewhere."""
         seconds = dict(self.measured).get(cfg)
         return seconds if seconds is not None else self.model.step_time(cfg)
+
+    def step_time(self, cfg: CandidateConfig) -> float:
+        return self.profile_step_time(cfg) * dict(self.run_factor).get(cfg.layout_label(), 1.0)
 
     def admits(self, cfg: CandidateConfig) -> bool:
         return cfg not in self.infeasible and not self.model.extrapolates(cfg)
@@ -538,8 +546,8 @@ class RunOverheads:
 
     def eval_seconds(self, cfg: CandidateConfig) -> float:
         by_layout = dict(self.eval_s)
-        label = f"dp{cfg.dp}-tp{cfg.tp}-pp{cfg.pp}"
-        return by_layout.get(label, float(np.mean(list(by_layout.values()))) if by_layout else 0.0)
+        mean = float(np.mean(list(by_layout.values()))) if by_layout else 0.0
+        return by_layout.get(cfg.layout_label(), mean)
 
     def evaluates_after(self, steps: int) -> bool:
         return self.eval_every_steps <= 0 or steps % self.eval_every_steps == 0

@@ -30,10 +30,6 @@ def fastest_by_gbs(throughputs: dict[CandidateConfig, float]) -> list[dict]:
     ]
 
 
-def layout_label(c: CandidateConfig) -> str:
-    return f"dp{c.dp}-tp{c.tp}-pp{c.pp}"
-
-
 def layouts_by_gbs(throughputs: dict[CandidateConfig, float]) -> dict[int, dict[str, float]]:
     """Per GBS, each layout's best throughput over its MBS and knobs (samples/s): the table that
     shows whether the layout must move with the batch."""
@@ -41,7 +37,7 @@ def layouts_by_gbs(throughputs: dict[CandidateConfig, float]) -> dict[int, dict[
     for c, value in throughputs.items():
         if math.isfinite(value):
             row = table.setdefault(c.gbs, {})
-            row[layout_label(c)] = max(value, row.get(layout_label(c), 0.0))
+            row[c.layout_label()] = max(value, row.get(c.layout_label(), 0.0))
     return dict(sorted(table.items()))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -89,6 +90,16 @@ class SimCluster(Section):
     # the node's datasheet (copus.core.simulator.MeasuredSteps). A relative path is relative to
     # the current directory.
     profile: LocalPath | None = None
+    # With `profile`: what real runs paid per step over the profile's reading, by layout label
+    # (`python -m copus.sim.fit RUNS --profile TABLE` measures it); a layout not named: 1.
+    run_factor: dict[str, Annotated[float, Field(gt=0.0)]] = {}
+
+    @model_validator(mode="after")
+    def _run_factor_of_a_profile(self) -> "SimCluster":
+        check_layout_labels(self.run_factor, "cluster.run_factor")
+        if self.run_factor and self.profile is None:
+            raise FieldProblem("cluster.run_factor", "scales a measured profile's step times: set cluster.profile")
+        return self
 
 
 class SimBatch(Section):
@@ -142,6 +153,13 @@ class SimCosts(Section):
     storage_gb_per_s: float = Field(1.0, gt=0.0)  # per node, to the checkpoint store
 
 
+def check_layout_labels(values: dict[str, float], field: str) -> None:
+    """Keys of a by-layout table must be layout labels (dp2-tp1-pp1): a typo is named, not ignored."""
+    for label in values:
+        if not re.fullmatch(r"dp[1-9][0-9]*-tp[1-9][0-9]*-pp[1-9][0-9]*", label):
+            raise FieldProblem(f"{field}.{label}", "expected a layout label such as dp2-tp1-pp1")
+
+
 class SimOverheads(Section):
     """A real run's wall-clock outside its training steps, for a setting whose runs can be made
     (the emulated cluster): measured on real runs by `python -m copus.sim.fit RUN_DIR ...`
@@ -156,9 +174,7 @@ class SimOverheads(Section):
 
     @model_validator(mode="after")
     def _layout_labels(self) -> "SimOverheads":
-        for label in self.eval_s:
-            if not re.fullmatch(r"dp[1-9][0-9]*-tp[1-9][0-9]*-pp[1-9][0-9]*", label):
-                raise FieldProblem(f"overheads.eval_s.{label}", "expected a layout label such as dp2-tp1-pp1")
+        check_layout_labels(self.eval_s, "overheads.eval_s")
         return self
 
     def plain(self) -> RunOverheads:
@@ -455,8 +471,12 @@ def critical_batch_of(cfg: SimConfig) -> CriticalBatch | CalibratedCriticalBatch
 
 
 def measured_steps_of(cfg: SimConfig) -> MeasuredSteps | None:
-    """The step times' truth of `cluster.profile` (None without one)."""
-    return None if cfg.cluster.profile is None else profile_steps(cfg, cfg.cluster.profile, "cluster.profile")
+    """The step times' truth of `cluster.profile` (None without one), at the runs' own speed
+    where `cluster.run_factor` gives it."""
+    if cfg.cluster.profile is None:
+        return None
+    steps = profile_steps(cfg, cfg.cluster.profile, "cluster.profile")
+    return replace(steps, run_factor=tuple(sorted(cfg.cluster.run_factor.items())))
 
 
 def planner_table_of(cfg: SimConfig) -> MeasuredSteps | None:
@@ -467,9 +487,15 @@ def planner_table_of(cfg: SimConfig) -> MeasuredSteps | None:
 def profile_steps(cfg: SimConfig, file: str, field: str) -> MeasuredSteps:
     """A `copus profile` file's step times (`field` names it in errors): it must be of this
     model, sequence length and world size, and hold a fitted model."""
+    world = NODES[cfg.cluster.node].accelerators_per_node * cfg.cluster.nodes
+    return read_profile_steps(Path(file).expanduser(), field, cfg.model, cfg.seq_len, world)
+
+
+def read_profile_steps(path: Path, field: str, model_name: str, seq_len: int, world: int) -> MeasuredSteps:
+    """A `copus profile` file's step times, refused in one line (naming `field`) unless it is of
+    this model, sequence length and world size and holds a fitted model."""
     from copus.cluster.profile_table import ProfileTable, ProfileTableError  # no ray: a JSON file
 
-    path = Path(file).expanduser()
     where = f"{field}: {path}"
     if not path.is_file():
         raise ConfigError(f"{where}: file not found")
@@ -477,15 +503,14 @@ def profile_steps(cfg: SimConfig, file: str, field: str) -> MeasuredSteps:
         table = ProfileTable.load(path)
     except ProfileTableError as err:
         raise ConfigError(f"{field}: {err}") from None
-    world = NODES[cfg.cluster.node].accelerators_per_node * cfg.cluster.nodes
     workload = table.key.get("workload", {})
     found = (workload.get("model"), workload.get("seq_len"), table.key.get("world_size"))
-    if found != (cfg.model, cfg.seq_len, world):
+    if found != (model_name, seq_len, world):
         raise ConfigError(
             f"{where}: profiles model {found[0]}, seq_len {found[1]} on {found[2]} workers; this simulation is "
-            f"{cfg.model}, seq_len {cfg.seq_len} on {world} (cluster.nodes x the node's accelerators)"
+            f"{model_name}, seq_len {seq_len} on {world} (cluster.nodes x the node's accelerators)"
         )
-    model = table.step_time_model(FLAVOURS[cfg.model].shape())
+    model = table.step_time_model(FLAVOURS[model_name].shape())
     if model is None:
         raise ConfigError(f"{where}: the table has no fitted step-time model; run copus profile to the end")
     measured = tuple((m.config, m.step_time_s) for m in table.measured())

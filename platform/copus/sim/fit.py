@@ -21,8 +21,9 @@ from pathlib import Path
 from copus.cluster.run_state import read_records_log
 from copus.config import ConfigError, ExperimentConfig, load_config
 from copus.core.layout import CandidateConfig
-from copus.core.simulator import NoiseEstimate
+from copus.core.simulator import MeasuredSteps, NoiseEstimate
 from copus.core.truth_fit import Trajectory, fit_estimate, fit_truth, predicted_samples_to, samples_to
+from copus.sim.config import read_profile_steps
 from copus.storage import Location
 
 
@@ -42,17 +43,15 @@ def trajectory_of(run_dir: Path) -> Trajectory:
     return Trajectory(str(run_dir), tuple(int(r["gbs"]) for r in steps), tuple(evals), b_noise)
 
 
-def layout_label(dp: int, tp: int, pp: int) -> str:
-    return f"dp{dp}-tp{tp}-pp{pp}"
-
-
 def overheads_of(run_dirs: list[Path]) -> dict:
     """What real runs spend outside training steps, pooled over runs (medians): `startup_s`,
     from the run's start to its first step; `eval_s` by layout (a step-0 evaluation, part of the
     start-up, excluded); `between_steps_s`, the wall-clock between two steps beyond the step's
     own time and any evaluation between them (logging, the controller's calls); and the step
-    times themselves by configuration, for the throughput truth's check."""
+    times themselves by configuration (`step_time_s`, with `steps` and `configs` by the same
+    label), for the throughput truth's check and `run_factor`."""
     startup, between, evals, step_times = [], [], {}, {}
+    configs: dict[str, dict] = {}
     for run_dir in run_dirs:
         records = read_records_log(Location.parse(run_dir))
         steps = _steps(records)
@@ -64,11 +63,11 @@ def overheads_of(run_dirs: list[Path]) -> dict:
             gap = after["wall_clock_s"] - before["wall_clock_s"] - after["step_time_s"] - eval_at.get(before["step"], 0)
             between.append(gap)
         for step in steps:
-            label = layout_label(step["dp"], step["tp"], step["pp"])
+            config = CandidateConfig(step["dp"], step["tp"], step["pp"], step["mbs"], step["gbs"])
             if step["step"] in eval_at:
-                evals.setdefault(label, []).append(eval_at[step["step"]])
-            key = CandidateConfig(step["dp"], step["tp"], step["pp"], step["mbs"], step["gbs"]).label()
-            step_times.setdefault(key, []).append(step["step_time_s"])
+                evals.setdefault(config.layout_label(), []).append(eval_at[step["step"]])
+            configs[config.label()] = config.as_dict()
+            step_times.setdefault(config.label(), []).append(step["step_time_s"])
     if not startup:
         raise ConfigError("overheads: no run has step records")
     return {
@@ -76,8 +75,46 @@ def overheads_of(run_dirs: list[Path]) -> dict:
         "eval_s": {k: statistics.median(v) for k, v in sorted(evals.items())},
         "between_steps_s": statistics.median(between) if between else 0.0,
         "step_time_s": {k: statistics.median(v[1:] or v) for k, v in sorted(step_times.items())},
+        "steps": {k: len(v) for k, v in sorted(step_times.items())},
+        "configs": {k: configs[k] for k in sorted(configs)},
         "runs": len(startup),
     }
+
+
+def run_factor(overheads: dict, profile: MeasuredSteps) -> dict:
+    """What the runs paid per step over the profile's reading: per configuration the runs
+    trained in (their median step time over the profile's step time there, measured or fitted),
+    and per layout the median over its configurations, each weighed by its steps (the factor a
+    simulated setting's `cluster.run_factor` takes)."""
+    rows = []
+    for key, fields in overheads["configs"].items():
+        config = CandidateConfig.from_dict(fields)
+        profiled = profile.profile_step_time(config)
+        rows.append(
+            {
+                "config": key,
+                "layout": config.layout_label(),
+                "run_step_s": overheads["step_time_s"][key],
+                "profile_step_s": profiled,
+                "ratio": overheads["step_time_s"][key] / profiled,
+                "steps": overheads["steps"][key],
+            }
+        )
+    by_layout = {}
+    for layout in sorted({r["layout"] for r in rows}):
+        ratios = [(r["ratio"], r["steps"]) for r in rows if r["layout"] == layout]
+        by_layout[layout] = _weighted_median(ratios)
+    return {"by_layout": by_layout, "configs": rows, "profile": profile.source}
+
+
+def _weighted_median(values: list[tuple[float, int]]) -> float:
+    ordered = sorted(values)
+    half, seen = sum(w for _, w in ordered) / 2, 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= half:
+            return value
+    return ordered[-1][0]
 
 
 def fit_report(
@@ -87,6 +124,7 @@ def fit_report(
     min_samples: int | None,
     target: float | None,
     held_out: list[Path] = (),
+    profile: Path | None = None,
 ):
     """The fitted truth, its residuals by run, the live estimate's departure from it (for the
     simulation's `estimate` section) and, with a target, each run's samples to it as measured
@@ -94,9 +132,14 @@ def fit_report(
     sequence length, the LR's reference GBS, c and the estimate's half-life; `min_samples`
     defaults to its warm-up (the truth does not model the LR warm-up). `held_out` runs are not
     fitted; with a target their samples to it are set against the fitted truth's as a check, and
-    their noise-scale estimates join the estimate's fit."""
+    their noise-scale estimates join the estimate's fit. With `profile` (a `copus profile` table of
+    the runs' cluster), the runs' step times over its readings (`run_factor`)."""
     seq_len, b0 = experiment.workload.seq_len, experiment.optimizer.reference_gbs
     floor = experiment.schedule.warmup_samples if min_samples is None else min_samples
+    steps = None
+    if profile is not None:  # refused before the fit's work
+        world = experiment.cluster.num_workers
+        steps = read_profile_steps(profile, "--profile", experiment.workload.model, seq_len, world)
     runs = [trajectory_of(d) for d in run_dirs]
     fit = fit_truth(runs, seq_len, initial, floor)
     g = experiment.gns
@@ -106,6 +149,8 @@ def fit_report(
     out = fit.as_dict() | {"seq_len": seq_len, "min_samples": floor, "critical_factor": g.critical_factor}
     out |= {"estimate": estimate.as_dict() | {"per_run": list(estimate.per_run)}}
     out["overheads"] = overheads_of(list(run_dirs) + list(held_out))
+    if steps is not None:
+        out["run_factor"] = run_factor(out["overheads"], steps)
     if target is not None:
         out["samples_to_target"] = [
             {
@@ -141,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="runs checked against the fit, not fitted",
     )
+    parser.add_argument(
+        "--profile", type=Path, help="a `copus profile` table of the runs' cluster: also the runs' step times over it"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
         experiment = load_config(args.experiment)
-        report = fit_report(args.run_dirs, experiment, args.initial, args.min_samples, args.target, args.held_out)
+        report = fit_report(
+            args.run_dirs, experiment, args.initial, args.min_samples, args.target, args.held_out, args.profile
+        )
     except (ConfigError, ValueError, OSError) as err:
         print(f"copus.sim.fit: {err}", file=sys.stderr)
         return 2
@@ -172,6 +222,9 @@ def _text(report: dict) -> str:
     )
     o = report["overheads"]
     lines.append(f"startup {o['startup_s']:.1f} s, between steps {o['between_steps_s']:.3f} s, eval {o['eval_s']}")
+    if "run_factor" in report:
+        factors = ", ".join(f"{k}: {v:.3f}" for k, v in report["run_factor"]["by_layout"].items())
+        lines.append(f"run_factor: {{{factors}}} (runs' step time over the profile's)")
     return "\n".join(lines)
 
 
