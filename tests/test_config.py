@@ -94,6 +94,12 @@ BAD = [
         {"link_mbit": 100, "compute_reference_every": "run"},
         "cluster.emulate.compute_reference_every: `run` rescales the links to compute_reference_s: set it too",
     ),
+    (
+        "policy.run_speed_band",
+        [1.1, 1.3],
+        "policy.run_speed_band: expected [low, high] with 0 < low <= 1 <= high, got [1.1, 1.3]",
+    ),
+    ("policy.run_speed_band", [0.8], "policy.run_speed_band"),
 ]
 
 

@@ -458,6 +458,35 @@ def test_the_current_configurations_speed_is_its_latest_stretch_after_it_settled
     assert math.isnan(current_speed(history, "b"))  # not the latest stretch
 
 
+def test_a_decision_records_the_runs_speed_factor_and_the_one_a_band_carries_to_the_others():
+    """The run pays 80 samples/s where its table reads 100 (x0.8); with a band of [0.9, 1.1] the
+    other candidates read at x0.9 of theirs, and the evaluation says both factors."""
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    model = tuple((c, 1.25 * v) for c, v in TABLE)
+    for band, shared in ((None, 0.8), ((0.9, 1.1), 0.9)):
+        c = Controller(spec(model_throughputs=model, rule=RuleSettings(run_speed_band=band)))
+        for n in range(1, 16):
+            c.push(step(n, 0.9 * n, start))
+        e = c.evaluations[-1]
+        assert (e["run_speed_factor"], e["shared_speed_factor"]) == pytest.approx((0.8, shared))
+        assert e["current"]["throughput"] == pytest.approx(80.0)
+        assert e["best"]["throughput"] == pytest.approx(100.0 * 375.0 / 125.0 * shared)
+
+
+def test_every_configuration_the_run_trained_in_has_its_latest_stretchs_speed():
+    from copus.cluster.controller import SPEED_MIN_STEPS, SPEED_SETTLE_STEPS, measured_speeds
+
+    def steps(label, n, seconds, gbs=16):
+        return [{"config": label, "step_time_s": seconds, "gbs": gbs} for _ in range(n)]
+
+    enough = SPEED_SETTLE_STEPS + SPEED_MIN_STEPS
+    history = steps("a", enough, 0.1) + steps("b", enough, 0.5, 32) + steps("c", enough - 1, 0.2)
+    assert measured_speeds(history) == {"a": pytest.approx(160.0), "b": pytest.approx(64.0)}  # c: not yet
+    history += steps("a", enough, 0.4)  # a again, slower: its latest stretch counts
+    assert measured_speeds(history) == {"a": pytest.approx(40.0), "b": pytest.approx(64.0)}
+    assert measured_speeds([]) == {}
+
+
 def test_a_decision_reads_the_current_configuration_at_the_runs_own_speed():
     """Its step records say the run pays 0.1 s a step at GBS 8 (80 samples/s) where the profile
     read 100: the decision's current throughput is the run's, a candidate's the model's times

@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANTILE_Z
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR, EfficiencyForm
 from copus.core.layout import DP_SHARD_MODES, RECOMPUTE_MODES, CandidateConfig, DpShard, Recompute
+from copus.core.planner import check_run_speed_band
 from copus.core.policy_names import DEFAULT_SUITE, POLICIES, SCHEDULED, TUNED_ENTRY, PolicyName
 from copus.storage import Location, StorageError, check_location, first_line, local_path, shown
 from workloads import catalog
@@ -46,6 +47,8 @@ def check_local(text: str) -> str:
 
 
 LocalPath = Annotated[str, AfterValidator(check_local)]
+# policy.run_speed_band: [low, high] around 1 (copus.core.planner.Planner.at_run_speed)
+RunSpeedBand = Annotated[tuple[float, float], AfterValidator(check_run_speed_band)]
 
 
 class ConfigError(ValueError):
@@ -223,6 +226,11 @@ class PolicyConfig(Section):
     # their precision: this is the sd of log of a point against what a run pays (beyond a factor
     # common to all points), the model's is its held-out error (copus.core.planner.blended_throughputs)
     profile_point_sd: float = Field(DEFAULT_PROFILE_POINT_LOG_SD, ge=0.0)
+    # ... and the factor the current configuration's speed carries to the others bounded to
+    # [low, high]: beyond it, a slowdown is the configuration's own, not the machine's, and the
+    # configurations this run has trained in read at their own speed (null: no bound, the rule
+    # before Dec 2026; docs/emulated-cluster.md, "One slow configuration is not a slow machine")
+    run_speed_band: RunSpeedBand | None = None
     threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured

@@ -199,6 +199,52 @@ def test_a_profile_off_by_one_factor_everywhere_changes_no_choice_at_the_runs_sp
         assert slower.predicted_gain == pytest.approx(read.predicted_gain)
 
 
+def test_with_a_band_one_slow_configuration_is_not_read_as_a_slow_machine():
+    """The emulated layout suite's seed 1200: the run paid x0.5 of its table in pp2 with two
+    micro-batches (the slow one of two timing modes). Carried to every candidate, that factor hid
+    the configuration beside it, which ran at its table's speed; bounded by the band, the others
+    read at its lower edge and the move shows."""
+    table = {A16: 100.0, B16: 95.0}  # B16 a little behind, by the table
+    banded = RuleSettings(transient_steps=0.0, run_speed_band=(0.8, 1.1))
+    unbounded = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=RuleSettings(transient_steps=0.0), model=table)
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=banded, model=table)
+    assert unbounded.at_run_speed(A16, 50.0).score(B16, 1e4).throughput == pytest.approx(47.5)
+    assert not unbounded.at_run_speed(A16, 50.0).decide(A16, 1e4, 30.0, FREE, horizon=LONG).switch
+    slow = p.at_run_speed(A16, 50.0)
+    assert slow.score(A16, 1e4).throughput == pytest.approx(50.0)  # its own speed
+    assert slow.score(B16, 1e4).throughput == pytest.approx(95.0 * 0.8)  # the band's edge
+    d = slow.decide(A16, 1e4, 30.0, FREE, horizon=LONG)
+    assert d.switch and d.best.config == B16
+    # inside the band the factor is the machine's, as without one: carried to every candidate
+    for speed in (85.0, 105.0):
+        assert p.at_run_speed(A16, speed).throughputs.tolist() == pytest.approx(
+            unbounded.at_run_speed(A16, speed).throughputs.tolist()
+        )
+    fast = p.at_run_speed(A16, 150.0)
+    assert fast.score(B16, 1e4).throughput == pytest.approx(95.0 * 1.1)  # and the upper edge
+    assert p.at_run_speed(A16, 90.0, {B16: 60.0}).score(B16, 1e4).throughput == 60.0  # none of these without a band:
+    assert unbounded.at_run_speed(A16, 90.0, {B16: 60.0}).score(B16, 1e4).throughput == pytest.approx(85.5)
+
+
+def test_with_a_band_a_configuration_the_run_measured_reads_at_its_own_speed_so_a_move_is_not_undone():
+    """After the move the band made, the configuration left behind reads at what the run paid
+    there, not at its table times the band: it does not call the run back."""
+    table = {A16: 100.0, B16: 95.0}
+    rule = RuleSettings(transient_steps=0.0, run_speed_band=(0.8, 1.1))
+    p = Planner.from_table(table, 16, "pollux", 2.0, 0.10, rule=rule, model=table)
+    assert p.at_run_speed(A16, 50.0).decide(A16, 1e4, 30.0, FREE, horizon=LONG).target == B16
+    # B16 measured at x0.7 of its table (66.5): A16 read at the band's edge (80) would call the run back
+    back = p.at_run_speed(B16, 66.5, {A16: 50.0, B16: 66.5})
+    assert back.score(A16, 1e4).throughput == 50.0 and back.score(B16, 1e4).throughput == 66.5
+    assert not back.decide(B16, 1e4, 30.0, FREE, horizon=LONG).switch
+
+
+@pytest.mark.parametrize("band", [(0.0, 1.1), (1.2, 1.5), (0.5, 0.9), (math.nan, 1.0), (0.9, math.inf)])
+def test_a_band_that_does_not_hold_the_tables_own_speed_is_refused(band):
+    with pytest.raises(ValueError, match=r"0 < low <= 1 <= high"):
+        RuleSettings(run_speed_band=band)
+
+
 @pytest.mark.parametrize("speed", [math.nan, 0.0, -1.0])
 def test_without_a_measured_speed_a_model_or_the_setting_the_profile_stands(speed):
     table = {A16: 125.0, B16: 120.0}

@@ -110,6 +110,54 @@ def test_a_run_factor_slows_the_truth_by_layout_and_the_planner_still_reads_the_
     assert slowed.measured.profile_step_time(pp2) == plain.measured.step_time(pp2)  # what a profile reads
 
 
+def test_a_run_factor_by_layout_and_mbs_comes_before_its_layouts(tmp_path):
+    plain = setting_from(load_sim_config(_sim_yaml(tmp_path)))
+    factors = {"dp1-tp1-pp2 mbs2": 2.0, "dp1-tp1-pp2": 1.1}
+    cluster = {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE), "run_factor": factors}
+    slowed = setting_from(load_sim_config(_sim_yaml(tmp_path, cluster=cluster)))
+    for cfg, factor in ((CandidateConfig(1, 1, 2, 2, 8), 2.0), (CandidateConfig(1, 1, 2, 4, 8), 1.1)):
+        assert slowed.measured.step_time(cfg) == pytest.approx(factor * plain.measured.step_time(cfg), rel=1e-12)
+
+
+def test_a_simulated_profile_reads_the_profiles_speed_not_the_runs(tmp_path):
+    """What runs pay beyond a profile's reading is seen by runs only: the planner's simulated
+    profile of the cluster is drawn around the profile's own figures."""
+    cluster = {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE), "run_factor": {"dp2-tp1-pp1": 2.0}}
+    exact = {"exact": True}
+    plain = setting_from(load_sim_config(_sim_yaml(tmp_path, profile=exact)))
+    slowed = setting_from(load_sim_config(_sim_yaml(tmp_path, cluster=cluster, profile=exact)))
+    space = search_space(slowed)
+    assert planner_view(slowed, space).throughputs == planner_view(plain, search_space(plain)).throughputs
+    dp2 = CandidateConfig(2, 1, 1, 4, 8)
+    assert dict(zip(*space))[dp2] == pytest.approx(planner_view(slowed, space).throughputs[dp2] / 2)
+
+
+def test_with_a_run_speed_band_a_run_leaves_the_one_configuration_that_runs_slow(tmp_path):
+    """The emulated suite's seed 1200 in the simulator: the configuration COPUS starts in pays
+    twice its profile's step time (one timing mode of two), the others what the profile says.
+    Read as a slow machine (no band) the run stays in it for five decisions; with
+    `policy.run_speed_band` it leaves at the first, and reaches the target a quarter sooner."""
+
+    def run(band, first=None):
+        cluster = {"node": "cpu-core-emulated", "nodes": 2, "profile": str(PROFILE)}
+        if first is not None:
+            cluster["run_factor"] = {first: 2.0}
+        policy = {"interval_s": 10} | ({"run_speed_band": band} if band else {})
+        # a profile with timing noise, as the planner of a real run reads (exact: no model to scale)
+        changes = {"cluster": cluster, "policy": policy, "profile": {"exact": False}}
+        doc = _sim_yaml(tmp_path, **changes, batch={"gbs": 16, "mbs": 2}, parallel={"pp": 2})
+        s = setting_from(load_sim_config(doc))
+        return simulate(s, "copus", search_space(s))
+
+    start = run(None).timeline[0]["layout"]  # where COPUS starts: the profile's best at GBS 16
+    first = start.removesuffix(" gbs16")
+    held, banded = run(None, first), run([0.8, 1.2], first)
+    assert held.timeline[0]["layout"] == banded.timeline[0]["layout"] == start
+    leaves = [r.reconfigurations[0]["t"] for r in (held, banded)]
+    assert leaves[1] < 11.0 < 5 * 10.0 < leaves[0]
+    assert banded.time_to_target_s < 0.8 * held.time_to_target_s
+
+
 @pytest.mark.parametrize(
     "cluster,field",
     [

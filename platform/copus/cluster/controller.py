@@ -225,7 +225,7 @@ class Controller(RecordQueue):
             return
         self.evaluations.append(
             {**entry, "switch": d.switch, "reason": d.reason, "current": d.current.as_dict(), "best": d.best.as_dict()}
-            | finite_json({**d.figures(), "log_b_crit_sd": context["log_b_crit_sd"]})
+            | finite_json({**d.figures(), **planner.run_speed_figures, "log_b_crit_sd": context["log_b_crit_sd"]})
         )
         if d.switch:  # what rank 0 collects: the target and why (the reconfigure record carries it)
             critical = self.planner.critical_batch(b_noise, self.last_val_loss)
@@ -243,10 +243,10 @@ class Controller(RecordQueue):
         estimate's uncertainty is left)."""
 
         context = self._decision_context(r, b_noise, 0.0)  # the same whatever the planner: read once
-        speed = current_speed(self.history, r.config().label())
+        speed, measured = current_speed(self.history, r.config().label()), self._measured()
 
         def decide_at(planner: Planner) -> Decision | None:
-            planner = planner.at_run_speed(r.config(), speed)
+            planner = planner.at_run_speed(r.config(), speed, measured)
             return decide(self.spec.policy, planner, r.config(), b_noise, self.spec.interval_s, self.costs(), **context)
 
         return decide_at
@@ -279,7 +279,12 @@ class Controller(RecordQueue):
     def _at_run_speed(self, planner: Planner, r: StepRecord) -> Planner:
         """`planner` reading the candidates at the run's own speed in its current configuration
         (`Planner.at_run_speed`), once the run has measured it."""
-        return planner.at_run_speed(r.config(), current_speed(self.history, r.config().label()))
+        return planner.at_run_speed(r.config(), current_speed(self.history, r.config().label()), self._measured())
+
+    def _measured(self) -> dict[CandidateConfig, float]:
+        """Samples/s of each candidate the run has trained in (`measured_speeds`), by configuration."""
+        by_label = {c.label(): c for c in self.planner.candidates}
+        return {by_label[k]: v for k, v in measured_speeds(self.history).items() if k in by_label}
 
     def _run_speed(self, steps: int = 20) -> float:
         """The run's samples per second of training over its last `steps` steps (NaN unknown)."""
@@ -325,13 +330,37 @@ SPEED_MAX_STEPS = 50  # the latest steps read: the speed now, not the run's aver
 def current_speed(history: list[dict], label: str) -> float:
     """Samples/s of the configuration `label` over the run's latest unbroken stretch in it (the
     median step time of its latest steps, the first `SPEED_SETTLE_STEPS` left out); NaN before
-    `SPEED_MIN_STEPS` such steps."""
-    stretch = []
-    for h in reversed(history):  # the latest steps first; more than the settled ones read are not needed
-        if h.get("config") != label or len(stretch) == SPEED_SETTLE_STEPS + SPEED_MAX_STEPS:
-            break
-        stretch.append(h)
-    stretch.reverse()
+    `SPEED_MIN_STEPS` such steps, or when the run is not in `label` now."""
+    stretch = next(_stretches(history), [])
+    return _stretch_speed(stretch) if stretch and stretch[-1].get("config") == label else math.nan
+
+
+def measured_speeds(history: list[dict]) -> dict[str, float]:
+    """Samples/s of every configuration the run has trained in long enough to read it, each over
+    its latest unbroken stretch (as `current_speed`), by configuration label."""
+    speeds: dict[str, float] = {}
+    for stretch in _stretches(history):
+        label = stretch[-1].get("config")
+        if label not in speeds:
+            speeds[label] = _stretch_speed(stretch)
+    return {label: v for label, v in speeds.items() if math.isfinite(v)}
+
+
+def _stretches(history: list[dict]):
+    """The run's unbroken stretches in one configuration, the latest first, each in step order and
+    cut to the steps a speed reads (the settling ones and the latest `SPEED_MAX_STEPS`)."""
+    stretch: list[dict] = []
+    for h in reversed(history):
+        if stretch and h.get("config") != stretch[-1].get("config"):
+            yield stretch[::-1]
+            stretch = []
+        if len(stretch) < SPEED_SETTLE_STEPS + SPEED_MAX_STEPS:
+            stretch.append(h)
+    if stretch:
+        yield stretch[::-1]
+
+
+def _stretch_speed(stretch: list[dict]) -> float:
     times = [h["step_time_s"] for h in stretch[SPEED_SETTLE_STEPS:][-SPEED_MAX_STEPS:] if h.get("step_time_s")]
     if len(times) < SPEED_MIN_STEPS:
         return math.nan

@@ -127,4 +127,5 @@ def rule_settings(cfg: ExperimentConfig, table, model, space: list[CandidateConf
         p.horizon_points,
         p.read_run_speed,
         p.profile_point_sd,
+        p.run_speed_band,
     )

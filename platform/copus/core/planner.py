@@ -55,6 +55,15 @@ from copus.core.layout import CandidateConfig
 RULES = ("quantile", "threshold")
 
 
+def check_run_speed_band(band: tuple[float, float]) -> tuple[float, float]:
+    """`policy.run_speed_band` as given, or a ValueError saying what it must be: a factor of 1 (a
+    run at its table's speed) has to lie inside it."""
+    low, high = band
+    if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low <= 1.0 <= high):
+        raise ValueError(f"expected [low, high] with 0 < low <= 1 <= high, got [{low:g}, {high:g}]")
+    return (float(low), float(high))
+
+
 def same_shape(a: CandidateConfig, b: CandidateConfig) -> bool:
     """Same replica and MBS: only the GBS differs, a change made in place."""
     return a.replica() == b.replica() and a.mbs == b.mbs
@@ -138,7 +147,8 @@ class RuleSettings:
     whether a decision reads the candidates at the run's own speed (`Planner.at_run_speed`);
     `profile_point_log_sd`: the sd of log of a measured profile point against what a run in it
     pays, beyond a factor common to every point (what `at_run_speed` weighs a point against the
-    model's prediction with)."""
+    model's prediction with); `run_speed_band`: (low, high), how far a run's speed may depart from
+    the table through a cause every candidate shares (`Planner.at_run_speed`), None: no bound."""
 
     rule: str = "quantile"
     quantile_z: float = DEFAULT_QUANTILE_Z
@@ -148,10 +158,13 @@ class RuleSettings:
     horizon_points: int | None = None
     read_run_speed: bool = True
     profile_point_log_sd: float = DEFAULT_PROFILE_POINT_LOG_SD
+    run_speed_band: tuple[float, float] | None = None
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"policy.decision_rule: unknown rule {self.rule!r} (known: {', '.join(RULES)})")
+        if self.run_speed_band is not None:
+            check_run_speed_band(self.run_speed_band)
 
 
 class Planner:
@@ -186,6 +199,8 @@ class Planner:
         self.model_throughputs = (
             np.asarray(model_throughput(self.candidates), dtype=float) if model_throughput is not None else None
         )
+        # set by `at_run_speed`: the current configuration's run/table factor and the one carried to the others
+        self.run_speed_figures: dict[str, float] = {}
 
     @classmethod
     def from_table(
@@ -220,7 +235,9 @@ class Planner:
             (lambda cfgs: [model[c] for c in cfgs]) if model is not None else None,
         )
 
-    def at_run_speed(self, current: CandidateConfig, samples_per_s: float) -> Planner:
+    def at_run_speed(
+        self, current: CandidateConfig, samples_per_s: float, measured: dict[CandidateConfig, float] | None = None
+    ) -> Planner:
         """The planner as a decision in `current` reads it once the run has measured its own speed
         there: `current` at `samples_per_s`, every other candidate at that speed times its ratio
         to `current` (`speed_ratios`).
@@ -232,14 +249,39 @@ class Planner:
         speed replaces the current figure and carries every candidate with it, so a profile off by
         one factor everywhere changes no choice. The same planner when the rule does not read the
         run's speed, without a model or a measured speed, or for a configuration outside the
-        search space."""
+        search space.
+
+        With `rule.run_speed_band` (low, high), the factor carried to the others is bounded: a run
+        that pays x0.5 of its table in one configuration (pp2 with two micro-batches on the
+        emulated cluster, in one of two timing modes) is not evidence that every configuration
+        got twice as slow. Beyond the band the departure is the configuration's own; the others
+        read at the band's edge, and those the run has `measured` (samples/s, this run) at their
+        own speed, so a move made on the bound is not undone by it."""
         if not (self.rule.read_run_speed and self.model_throughputs is not None and current in self.index):
             return self
         if not (math.isfinite(samples_per_s) and samples_per_s > 0):
             return self
+        i = self.index[current]
         other = copy.copy(self)
-        other.throughputs = samples_per_s * self.speed_ratios(self.index[current])
+        other.throughputs = samples_per_s * self.speed_ratios(i)
+        own = samples_per_s / float(self.throughputs[i])
+        other.run_speed_figures = {"run_speed_factor": own, "shared_speed_factor": own}
+        if self.rule.run_speed_band is not None:
+            low, high = self.rule.run_speed_band
+            shared = other.run_speed_figures["shared_speed_factor"] = min(max(own, low), high)
+            other.throughputs = self._with_measured(other.throughputs * (shared / own), i, samples_per_s, measured or {})
         return other
+
+    def _with_measured(self, read: np.ndarray, i: int, samples_per_s: float, measured: dict) -> np.ndarray:
+        """`read` with the run's own speed in each configuration it has `measured`, and in the
+        current one (`i`)."""
+        out = read.copy()
+        for cfg, speed in measured.items():
+            j = self.index.get(cfg)
+            if j is not None and math.isfinite(speed) and speed > 0:
+                out[j] = speed
+        out[i] = samples_per_s
+        return out
 
     def speed_ratios(self, i: int) -> np.ndarray:
         """Each candidate's samples/s over candidate `i`'s, read in the source that has both: the

@@ -508,8 +508,9 @@ class MeasuredSteps:
     source: str = ""
     held_out: tuple[float, float] = (0.0, 0.0)  # the fit's held-out (mean, worst) relative error
     # What real runs paid per step over the profile's reading, by layout label (dpX-tpY-ppZ;
-    # 1 where not named): a profile's few steps on a fresh worker group read under a run's
-    # steady state, by a measurable factor (copus.sim.fit --profile).
+    # 1 where not named), or by layout and MBS (dpX-tpY-ppZ mbsM, which comes first): a profile's
+    # few steps on a fresh worker group read under a run's steady state, by a measurable factor
+    # (copus.sim.fit --profile).
     run_factor: tuple[tuple[str, float], ...] = ()
 
     def profile_step_time(self, cfg: CandidateConfig) -> float:
@@ -518,7 +519,8 @@ class MeasuredSteps:
         return seconds if seconds is not None else self.model.step_time(cfg)
 
     def step_time(self, cfg: CandidateConfig) -> float:
-        return self.profile_step_time(cfg) * dict(self.run_factor).get(cfg.layout_label(), 1.0)
+        factors = dict(self.run_factor)
+        return self.profile_step_time(cfg) * factors.get(cfg.shape_label(), factors.get(cfg.layout_label(), 1.0))
 
     def admits(self, cfg: CandidateConfig) -> bool:
         return cfg not in self.infeasible and not self.model.extrapolates(cfg)
@@ -651,6 +653,15 @@ def true_step_time(s: Setting, cfg: CandidateConfig) -> float:
     return step_time(s.cluster, s.shape, s.seq_len, cfg)
 
 
+def profile_readings(s: Setting, space: tuple[list[CandidateConfig], np.ndarray]) -> np.ndarray:
+    """Samples/s of each candidate as a profile of the cluster reads them: the truth's, less
+    what runs pay beyond a profile's reading (`MeasuredSteps.run_factor`), which only a run sees."""
+    cands, throughputs = space
+    if s.measured is None or not s.measured.run_factor:
+        return throughputs
+    return np.array([c.gbs / s.measured.profile_step_time(c) for c in cands])
+
+
 def admitted(s: Setting, cfg: CandidateConfig) -> bool:
     """Whether `cfg` may run at all: within the measured profile, else within modelled memory."""
     return s.measured.admits(cfg) if s.measured is not None else memory_fits(s.cluster, s.shape, s.seq_len, cfg)
@@ -665,7 +676,7 @@ def planner_view(s: Setting, space: tuple[list[CandidateConfig], np.ndarray], se
     if s.planner_table is not None:
         view = table_view(s.planner_table, cands, throughputs, s.planner_table.source)
     else:
-        view = profiled_view(s.shape, cands, throughputs, s.profile, seed)
+        view = profiled_view(s.shape, cands, profile_readings(s, space), s.profile, seed)
     if not s.calibration.use:
         return view
     truth = calibration_truth(s, s.calibration, best_speed_by_gbs(space))
@@ -786,6 +797,7 @@ class _Run:
         self.limit = s.max_hours * 3600
         self.changes: list[dict] = []
         self.timeline = [self.point(float("nan"))]
+        self.measured: dict[CandidateConfig, float] = {}  # samples/s the run has paid in each configuration
 
     def going(self) -> bool:
         return not self.reached and self.t < self.limit and self.steps < MAX_STEPS and self.decided < MAX_DECISIONS
@@ -861,7 +873,8 @@ def _follow_policy(run: _Run, plan) -> None:
         run.timeline.append(run.point(b_noise))
         context = _decision_context(run, plan, b_noise)
         # the run's speed in its configuration is the truth's (a run measures it over many steps)
-        at_speed = plan.at_run_speed(run.current, context.pop("speed"))
+        speed = run.measured[run.current] = context.pop("speed")
+        at_speed = plan.at_run_speed(run.current, speed, run.measured)
         d = policies.decide(run.policy, at_speed, run.current, b_noise, s.interval_s, costs, **context)
         run.decided += d is not None
         if d is not None and d.switch:

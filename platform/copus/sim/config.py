@@ -23,6 +23,7 @@ from copus.config import (
     FieldProblem,
     LocalPath,
     PositiveInt,
+    RunSpeedBand,
     Section,
     Seed,
     apply_overrides,
@@ -96,7 +97,7 @@ class SimCluster(Section):
 
     @model_validator(mode="after")
     def _run_factor_of_a_profile(self) -> "SimCluster":
-        check_layout_labels(self.run_factor, "cluster.run_factor")
+        check_layout_labels(self.run_factor, "cluster.run_factor", shapes=True)
         if self.run_factor and self.profile is None:
             raise FieldProblem("cluster.run_factor", "scales a measured profile's step times: set cluster.profile")
         return self
@@ -141,6 +142,7 @@ class SimPolicy(Section):
     interval_s: float = Field(600.0, gt=0.0)
     horizon_points: int | None = Field(None, ge=3)  # as a run's `policy.horizon_points`
     read_run_speed: bool = True  # as a run's `policy.read_run_speed`
+    run_speed_band: RunSpeedBand | None = None  # as a run's `policy.run_speed_band`
     # as a run's `policy.profile_point_sd`; null: the simulated profile's own timing noise
     # (profile.timing_noise: what the profiler's repeated steps tell it), or a run's default where
     # the planner reads a real profile file (profile.table)
@@ -153,11 +155,18 @@ class SimCosts(Section):
     storage_gb_per_s: float = Field(1.0, gt=0.0)  # per node, to the checkpoint store
 
 
-def check_layout_labels(values: dict[str, float], field: str) -> None:
-    """Keys of a by-layout table must be layout labels (dp2-tp1-pp1): a typo is named, not ignored."""
+LAYOUT_LABEL = r"dp[1-9][0-9]*-tp[1-9][0-9]*-pp[1-9][0-9]*"
+# a layout with its MBS and knobs (CandidateConfig.shape_label): dp1-tp1-pp2 mbs2 shard=full
+SHAPE_LABEL = LAYOUT_LABEL + r" mbs[1-9][0-9]*( shard=[a-z_]+)?( recompute=[a-z_]+)?"
+
+
+def check_layout_labels(values: dict[str, float], field: str, shapes: bool = False) -> None:
+    """Keys of a by-layout table must be layout labels (dp2-tp1-pp1), or where `shapes` is set
+    also layouts with their MBS (dp2-tp1-pp1 mbs4): a typo is named, not ignored."""
     for label in values:
-        if not re.fullmatch(r"dp[1-9][0-9]*-tp[1-9][0-9]*-pp[1-9][0-9]*", label):
-            raise FieldProblem(f"{field}.{label}", "expected a layout label such as dp2-tp1-pp1")
+        if not (re.fullmatch(LAYOUT_LABEL, label) or (shapes and re.fullmatch(SHAPE_LABEL, label))):
+            example = "dp2-tp1-pp1 or dp1-tp1-pp2 mbs2" if shapes else "dp2-tp1-pp1"
+            raise FieldProblem(f"{field}.{label}", f"expected a layout label such as {example}")
 
 
 class SimOverheads(Section):
@@ -559,6 +568,7 @@ def setting_from(cfg: SimConfig) -> Setting:
             cfg.policy.transient_steps,
             horizon_points=cfg.policy.horizon_points,
             read_run_speed=cfg.policy.read_run_speed,
+            run_speed_band=cfg.policy.run_speed_band,
             profile_point_log_sd=profile_point_sd_of(cfg),
         ),
         factor_log_sd=cfg.policy.factor_log_sd,
