@@ -269,7 +269,9 @@ class Planner:
         if self.rule.run_speed_band is not None:
             low, high = self.rule.run_speed_band
             shared = other.run_speed_figures["shared_speed_factor"] = min(max(own, low), high)
-            other.throughputs = self._with_measured(other.throughputs * (shared / own), i, samples_per_s, measured or {})
+            other.throughputs = self._with_measured(
+                other.throughputs * (shared / own), i, samples_per_s, measured or {}
+            )
         return other
 
     def _with_measured(self, read: np.ndarray, i: int, samples_per_s: float, measured: dict) -> np.ndarray:
