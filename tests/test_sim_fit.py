@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from copus.sim.fit import main as fit_main
 from copus.sim.fit import overheads_of, trajectory_of
@@ -67,6 +68,13 @@ def test_the_runs_step_times_over_a_profile_give_the_run_factor_by_layout(tmp_pa
     experiment = str(REPO / "experiments/emulated_layout.yaml")
     assert fit_main([*map(str, runs), "--experiment", experiment, "--profile", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.startswith(f"copus.sim.fit: --profile: {tmp_path / 'none.json'}: file not found")
+    # a profile of another sequence length: the refusal says what the runs' experiment is
+    other = yaml.safe_load((REPO / "experiments/quickstart.yaml").read_text())
+    other["workload"]["seq_len"] = 64
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    assert fit_main([*map(str, runs), "--experiment", str(tmp_path / "other.yaml"), "--profile", str(PROFILE)]) == 2
+    err = capsys.readouterr().err
+    assert "seq_len 128 on 2 workers; the runs' experiment is tiny, seq_len 64 on 2 (cluster.num_workers)" in err, err
 
 
 def _fields(label: str) -> dict:

@@ -497,12 +497,16 @@ def profile_steps(cfg: SimConfig, file: str, field: str) -> MeasuredSteps:
     """A `copus profile` file's step times (`field` names it in errors): it must be of this
     model, sequence length and world size, and hold a fitted model."""
     world = NODES[cfg.cluster.node].accelerators_per_node * cfg.cluster.nodes
-    return read_profile_steps(Path(file).expanduser(), field, cfg.model, cfg.seq_len, world)
+    wanted = "this simulation is {}, seq_len {} on {} (cluster.nodes x the node's accelerators)"
+    return read_profile_steps(Path(file).expanduser(), field, cfg.model, cfg.seq_len, world, wanted)
 
 
-def read_profile_steps(path: Path, field: str, model_name: str, seq_len: int, world: int) -> MeasuredSteps:
+def read_profile_steps(
+    path: Path, field: str, model_name: str, seq_len: int, world: int, wanted: str = "wanted: {}, seq_len {} on {}"
+) -> MeasuredSteps:
     """A `copus profile` file's step times, refused in one line (naming `field`) unless it is of
-    this model, sequence length and world size and holds a fitted model."""
+    this model, sequence length and world size and holds a fitted model; `wanted` says whose
+    those are in the refusal (a format of model, sequence length and world size)."""
     from copus.cluster.profile_table import ProfileTable, ProfileTableError  # no ray: a JSON file
 
     where = f"{field}: {path}"
@@ -516,8 +520,8 @@ def read_profile_steps(path: Path, field: str, model_name: str, seq_len: int, wo
     found = (workload.get("model"), workload.get("seq_len"), table.key.get("world_size"))
     if found != (model_name, seq_len, world):
         raise ConfigError(
-            f"{where}: profiles model {found[0]}, seq_len {found[1]} on {found[2]} workers; this simulation is "
-            f"{model_name}, seq_len {seq_len} on {world} (cluster.nodes x the node's accelerators)"
+            f"{where}: profiles model {found[0]}, seq_len {found[1]} on {found[2]} workers; "
+            + wanted.format(model_name, seq_len, world)
         )
     model = table.step_time_model(FLAVOURS[model_name].shape())
     if model is None:

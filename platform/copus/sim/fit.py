@@ -139,7 +139,8 @@ def fit_report(
     steps = None
     if profile is not None:  # refused before the fit's work
         world = experiment.cluster.num_workers
-        steps = read_profile_steps(profile, "--profile", experiment.workload.model, seq_len, world)
+        wanted = "the runs' experiment is {}, seq_len {} on {} (cluster.num_workers)"
+        steps = read_profile_steps(profile, "--profile", experiment.workload.model, seq_len, world, wanted)
     runs = [trajectory_of(d) for d in run_dirs]
     fit = fit_truth(runs, seq_len, initial, floor)
     g = experiment.gns
