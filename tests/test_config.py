@@ -100,6 +100,7 @@ BAD = [
         "policy.run_speed_band: expected [low, high] with 0 < low <= 1 <= high, got [1.1, 1.3]",
     ),
     ("policy.run_speed_band", [0.8], "policy.run_speed_band"),
+    ("policy.run_speed_reading", "mode", "policy.run_speed_reading: Input should be 'median' or 'mean'"),
 ]
 
 

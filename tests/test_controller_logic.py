@@ -4,6 +4,7 @@ scripted noise, restart cost learned from measured downtime; LR rules follow the
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -456,6 +457,32 @@ def test_the_current_configurations_speed_is_its_latest_stretch_after_it_settled
     history += [{"config": "a", "step_time_s": 3.0, "gbs": 16}]  # one slow step: the median keeps it out
     assert current_speed(history, "a") == pytest.approx(16 / 0.2)
     assert math.isnan(current_speed(history, "b"))  # not the latest stretch
+
+
+def test_read_by_its_mean_a_configuration_with_bimodal_steps_is_as_fast_as_the_run_pays():
+    """pp2 mbs 2 at GBS 8 on the emulated cluster: most steps 0.12 s, one in three 0.30 s. The
+    median reads 0.12 s; the run pays the mean, 0.18 s."""
+    from copus.cluster.controller import SPEED_SETTLE_STEPS, current_speed, measured_speeds
+
+    times = [0.3] * SPEED_SETTLE_STEPS + [0.12, 0.12, 0.30] * 12
+    history = [{"config": "a", "step_time_s": t, "gbs": 8} for t in times]
+    assert current_speed(history, "a") == pytest.approx(8 / 0.12)
+    assert current_speed(history, "a", "mean") == pytest.approx(8 / 0.18)
+    assert measured_speeds(history, "mean") == {"a": pytest.approx(8 / 0.18)}
+    with pytest.raises(ValueError, match="policy.run_speed_reading"):
+        RuleSettings(run_speed_reading="mode")
+    # the controller reads the run's speed as its rule says
+    start = CandidateConfig(2, 1, 1, 2, 8)
+    model = tuple((c, 1.25 * v) for c, v in TABLE)
+    seconds = {n: 0.1 if n % 3 else 0.4 for n in range(1, 16)}
+    for reading in ("median", "mean"):
+        c = Controller(spec(model_throughputs=model, rule=RuleSettings(run_speed_reading=reading)))
+        for n in range(1, 16):
+            c.push({**step(n, 0.9 * n, start), "step_time_s": seconds[n]})
+        e = c.evaluations[-1]
+        read = [seconds[n] for n in range(SPEED_SETTLE_STEPS + 1, e["step"] + 1)]
+        typical = statistics.fmean(read) if reading == "mean" else statistics.median(read)
+        assert e["current"]["throughput"] == pytest.approx(8 / typical)
 
 
 def test_a_decision_records_the_runs_speed_factor_and_the_one_a_band_carries_to_the_others():

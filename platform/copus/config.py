@@ -231,6 +231,10 @@ class PolicyConfig(Section):
     # configurations this run has trained in read at their own speed (null: no bound, the rule
     # before Dec 2026; docs/emulated-cluster.md, "One slow configuration is not a slow machine")
     run_speed_band: RunSpeedBand | None = None
+    # how a run's speed in a configuration is read off its latest steps: their median step time,
+    # deaf to rare slow steps (the rule before Dec 7, 2026 and the default while the second layout
+    # suite runs), or their mean, what the run pays when its steps are bimodal
+    run_speed_reading: Literal["median", "mean"] = "median"
     threshold: float = Field(0.10, ge=0.0)  # threshold rule: the best must beat the current goodput by this much
     interval_s: float = Field(30.0, gt=0.0)  # decision interval (wall-clock); the switch must pay off within it
     restart_cost_s: float = Field(30.0, ge=0.0)  # a restart's cost until one has been measured

@@ -243,7 +243,7 @@ class Controller(RecordQueue):
         estimate's uncertainty is left)."""
 
         context = self._decision_context(r, b_noise, 0.0)  # the same whatever the planner: read once
-        speed, measured = current_speed(self.history, r.config().label()), self._measured()
+        speed, measured = self._current_speed(r), self._measured()
 
         def decide_at(planner: Planner) -> Decision | None:
             planner = planner.at_run_speed(r.config(), speed, measured)
@@ -279,12 +279,16 @@ class Controller(RecordQueue):
     def _at_run_speed(self, planner: Planner, r: StepRecord) -> Planner:
         """`planner` reading the candidates at the run's own speed in its current configuration
         (`Planner.at_run_speed`), once the run has measured it."""
-        return planner.at_run_speed(r.config(), current_speed(self.history, r.config().label()), self._measured())
+        return planner.at_run_speed(r.config(), self._current_speed(r), self._measured())
+
+    def _current_speed(self, r: StepRecord) -> float:
+        return current_speed(self.history, r.config().label(), self.spec.rule.run_speed_reading)
 
     def _measured(self) -> dict[CandidateConfig, float]:
         """Samples/s of each candidate the run has trained in (`measured_speeds`), by configuration."""
         by_label = {c.label(): c for c in self.planner.candidates}
-        return {by_label[k]: v for k, v in measured_speeds(self.history).items() if k in by_label}
+        speeds = measured_speeds(self.history, self.spec.rule.run_speed_reading)
+        return {by_label[k]: v for k, v in speeds.items() if k in by_label}
 
     def _run_speed(self, steps: int = 20) -> float:
         """The run's samples per second of training over its last `steps` steps (NaN unknown)."""
@@ -327,22 +331,22 @@ SPEED_SETTLE_STEPS = 3
 SPEED_MAX_STEPS = 50  # the latest steps read: the speed now, not the run's average
 
 
-def current_speed(history: list[dict], label: str) -> float:
-    """Samples/s of the configuration `label` over the run's latest unbroken stretch in it (the
-    median step time of its latest steps, the first `SPEED_SETTLE_STEPS` left out); NaN before
-    `SPEED_MIN_STEPS` such steps, or when the run is not in `label` now."""
+def current_speed(history: list[dict], label: str, reading: str = "median") -> float:
+    """Samples/s of the configuration `label` over the run's latest unbroken stretch in it (its
+    latest steps, the first `SPEED_SETTLE_STEPS` left out, read by `reading`: `_stretch_speed`);
+    NaN before `SPEED_MIN_STEPS` such steps, or when the run is not in `label` now."""
     stretch = next(_stretches(history), [])
-    return _stretch_speed(stretch) if stretch and stretch[-1].get("config") == label else math.nan
+    return _stretch_speed(stretch, reading) if stretch and stretch[-1].get("config") == label else math.nan
 
 
-def measured_speeds(history: list[dict]) -> dict[str, float]:
+def measured_speeds(history: list[dict], reading: str = "median") -> dict[str, float]:
     """Samples/s of every configuration the run has trained in long enough to read it, each over
     its latest unbroken stretch (as `current_speed`), by configuration label."""
     speeds: dict[str, float] = {}
     for stretch in _stretches(history):
         label = stretch[-1].get("config")
         if label not in speeds:
-            speeds[label] = _stretch_speed(stretch)
+            speeds[label] = _stretch_speed(stretch, reading)
     return {label: v for label, v in speeds.items() if math.isfinite(v)}
 
 
@@ -360,11 +364,15 @@ def _stretches(history: list[dict]):
         yield stretch[::-1]
 
 
-def _stretch_speed(stretch: list[dict]) -> float:
+def _stretch_speed(stretch: list[dict], reading: str = "median") -> float:
+    """GBS over the stretch's typical step time: the median (`policy.run_speed_reading: median`,
+    deaf to a rare slow step), or the mean (`mean`: what the run pays, slow steps and all; pp2
+    with four micro-batches on the emulated cluster read 0.12 s by the median and paid 0.16 s,
+    its steps bimodal)."""
     times = [h["step_time_s"] for h in stretch[SPEED_SETTLE_STEPS:][-SPEED_MAX_STEPS:] if h.get("step_time_s")]
     if len(times) < SPEED_MIN_STEPS:
         return math.nan
-    return stretch[-1]["gbs"] / statistics.median(times)
+    return stretch[-1]["gbs"] / (statistics.fmean(times) if reading == "mean" else statistics.median(times))
 
 
 GoodputController = ray.remote(num_cpus=0)(Controller)

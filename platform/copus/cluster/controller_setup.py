@@ -128,4 +128,5 @@ def rule_settings(cfg: ExperimentConfig, table, model, space: list[CandidateConf
         p.read_run_speed,
         p.profile_point_sd,
         p.run_speed_band,
+        p.run_speed_reading,
     )

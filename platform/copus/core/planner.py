@@ -53,6 +53,7 @@ from copus.core.horizon import Horizon, elapsed_horizon
 from copus.core.layout import CandidateConfig
 
 RULES = ("quantile", "threshold")
+RUN_SPEED_READINGS = ("median", "mean")
 
 
 def check_run_speed_band(band: tuple[float, float]) -> tuple[float, float]:
@@ -148,7 +149,9 @@ class RuleSettings:
     `profile_point_log_sd`: the sd of log of a measured profile point against what a run in it
     pays, beyond a factor common to every point (what `at_run_speed` weighs a point against the
     model's prediction with); `run_speed_band`: (low, high), how far a run's speed may depart from
-    the table through a cause every candidate shares (`Planner.at_run_speed`), None: no bound."""
+    the table through a cause every candidate shares (`Planner.at_run_speed`), None: no bound;
+    `run_speed_reading`: how the run's speed in a configuration is read off its step times,
+    "median" or "mean" (`copus.cluster.controller.current_speed`)."""
 
     rule: str = "quantile"
     quantile_z: float = DEFAULT_QUANTILE_Z
@@ -159,12 +162,15 @@ class RuleSettings:
     read_run_speed: bool = True
     profile_point_log_sd: float = DEFAULT_PROFILE_POINT_LOG_SD
     run_speed_band: tuple[float, float] | None = None
+    run_speed_reading: str = "median"
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"policy.decision_rule: unknown rule {self.rule!r} (known: {', '.join(RULES)})")
         if self.run_speed_band is not None:
             check_run_speed_band(self.run_speed_band)
+        if self.run_speed_reading not in RUN_SPEED_READINGS:
+            raise ValueError(f"policy.run_speed_reading: expected one of {', '.join(RUN_SPEED_READINGS)}")
 
 
 class Planner:
