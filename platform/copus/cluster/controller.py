@@ -285,7 +285,10 @@ class Controller(RecordQueue):
         return current_speed(self.history, r.config().label(), self.spec.rule.run_speed_reading)
 
     def _measured(self) -> dict[CandidateConfig, float]:
-        """Samples/s of each candidate the run has trained in (`measured_speeds`), by configuration."""
+        """Samples/s of each candidate the run has trained in (`measured_speeds`), by configuration;
+        none without a band, the only rule that reads them (no walk of the history per decision)."""
+        if self.spec.rule.run_speed_band is None:
+            return {}
         by_label = {c.label(): c for c in self.planner.candidates}
         speeds = measured_speeds(self.history, self.spec.rule.run_speed_reading)
         return {by_label[k]: v for k, v in speeds.items() if k in by_label}

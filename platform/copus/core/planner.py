@@ -258,7 +258,7 @@ class Planner:
         search space.
 
         With `rule.run_speed_band` (low, high), the factor carried to the others is bounded: a run
-        that pays x0.5 of its table in one configuration (pp2 with two micro-batches on the
+        that pays x0.5 of its table in one configuration (pp2 with four micro-batches on the
         emulated cluster, in one of two timing modes) is not evidence that every configuration
         got twice as slow. Beyond the band the departure is the configuration's own; the others
         read at the band's edge, and those the run has `measured` (samples/s, this run) at their
