@@ -42,7 +42,7 @@ def _experiment(tmp: Path, token_cache: Path, state_dir: str) -> Path:
     """The tests' small experiment on 4 workers, 2 per node, data parallel across the link."""
     mapping = experiment_mapping(tmp, token_cache)
     mapping["parallel"] = {"dp": 4, "tp": 1, "pp": 1}
-    emulated = {"nodes": 2, "link_mbit": LINK_MBIT, "state_dir": state_dir}
+    emulated = {"nodes": 2, "link_mbit": LINK_MBIT, "state_dir": state_dir, "congestion_control": "cubic"}
     mapping["cluster"] = {"num_workers": 4, "cpus_per_worker": 0.5, "emulate": emulated}
     path = tmp / "emulated.yaml"
     path.write_text(yaml.safe_dump(mapping))
@@ -63,6 +63,18 @@ def _leftovers() -> dict:
 def _cli_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
     return {**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
+def test_a_congestion_control_the_kernel_lacks_is_refused_naming_the_field(tmp_path, monkeypatch):
+    available = tmp_path / "available"
+    available.write_text("reno cubic bbr\n")
+    monkeypatch.setattr(emulate, "AVAILABLE_CONGESTION", available)
+    assert emulate.congestion_problem("host") is None and emulate.congestion_problem("cubic") is None
+    problem = emulate.congestion_problem("vegas")
+    assert (
+        problem.startswith("cluster.emulate.congestion_control: 'vegas' is not available")
+        and "reno, cubic, bbr" in problem
+    )
 
 
 def test_without_root_it_refuses_in_one_line(tmp_path, token_cache, monkeypatch, capsys):
@@ -141,6 +153,9 @@ def test_nodes_own_a_namespace_cores_and_a_capped_link(cluster):
         assert in_ns and in_ns <= set(emulate._cgroup_pids(node["name"]))
         qdisc = subprocess.run(["tc", "qdisc", "show", "dev", node["link"]], capture_output=True, text=True).stdout
         assert "tbf" in qdisc and "200Mbit" in qdisc
+        # TCP over the links runs cubic, whatever the machine's default (BBR here stalls on tbf)
+        route = subprocess.run(["ip", "-n", node["name"], "route"], capture_output=True, text=True).stdout
+        assert "congctl cubic" in route, route
     # A second `up` of the same description is the same cluster; another description is refused.
     again = emulate.up(emulate.EmulatedSpec(**state["spec"]))
     assert again["address"] == state["address"] and again["started_at"] == state["started_at"]

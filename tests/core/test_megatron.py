@@ -12,8 +12,10 @@ from copus.core.layout import CandidateConfig, ModelShape
 from copus.core.megatron import (
     MegatronFramework,
     exposed_dp_seconds,
+    exposed_tp_seconds,
     interleaved_stages,
     matmul_flops_per_token,
+    matmul_share,
     megatron_terms,
     stage_link_span,
 )
@@ -61,6 +63,25 @@ def test_overlap_hides_what_fits_under_the_pass_and_no_more():
     assert exposed_dp_seconds(CandidateConfig(1, 1, 1, 1, 64), 1.0, 0.0, rank_params, OFF) == 0.0
 
 
+def test_tensor_parallel_overlap_hides_what_fits_under_the_matmuls_and_needs_sequence_parallelism():
+    """`--tp-comm-overlap`: off by default (Megatron's); on, what outlasts the matmuls beside it is
+    exposed and at least one of its tp chunks; without sequence parallelism it does not apply."""
+    tp4, tp1 = CandidateConfig(2, 4, 1, 1, 64), CandidateConfig(8, 1, 1, 1, 64)
+    on = MegatronFramework(tp_comm_overlap=True)
+    assert not MegatronFramework().tp_comm_overlap and exposed_tp_seconds(tp4, 1.0, 30.0, MegatronFramework()) == 1.0
+    assert exposed_tp_seconds(tp4, 1.0, 30.0, on) == pytest.approx(0.25)  # one chunk of four
+    assert exposed_tp_seconds(tp4, 1.0, 0.5, on) == pytest.approx(0.5)  # what outlasts the matmuls
+    assert exposed_tp_seconds(tp4, 1.0, 30.0, MegatronFramework(tp_comm_overlap=True, sequence_parallel=False)) == 1.0
+    assert exposed_tp_seconds(tp1, 0.0, 30.0, on) == 0.0
+    # attention's scores and values are not beside a tensor-parallel collective: a 13B layer at
+    # 4096 tokens does 12 L d s of them against 6 per matmul parameter
+    assert 0.8 < matmul_share(SHAPE, SEQ) < 0.9
+    plain = step_terms(Cluster(H100x2.node, 2, MegatronFramework()), SHAPE, SEQ, tp4)
+    overlapped = step_terms(Cluster(H100x2.node, 2, on), SHAPE, SEQ, tp4)
+    assert overlapped.compute == plain.compute and overlapped.tp_comm < plain.tp_comm
+    assert plain.step - overlapped.step == pytest.approx(tp4.microbatches * (plain.tp_comm - overlapped.tp_comm))
+
+
 def test_the_distributed_optimizer_moves_three_quarters_of_an_fp32_all_reduce():
     """Reduce-scatter of fp32 gradients (half an all-reduce) and all-gather of bf16 parameters
     (a quarter); full sharding gathers for every micro-batch's forward and backward and
@@ -76,8 +97,8 @@ def test_interleaving_divides_the_bubble_where_megatron_allows_it():
     fw = MegatronFramework(virtual_stages=2)
     ok, odd = CandidateConfig(1, 1, 4, 1, 8), CandidateConfig(1, 1, 4, 1, 6)
     assert interleaved_stages(ok, SHAPE, fw) == 2 and interleaved_stages(odd, SHAPE, fw) == 1
-    plain = megatron_terms(hardware_params(H100x2, SHAPE, SEQ, ok), SHAPE, ok, MegatronFramework(), 0.0)
-    inter = megatron_terms(hardware_params(H100x2, SHAPE, SEQ, ok), SHAPE, ok, fw, 0.0)
+    plain = megatron_terms(hardware_params(H100x2, SHAPE, SEQ, ok), SHAPE, SEQ, ok, MegatronFramework(), 0.0)
+    inter = megatron_terms(hardware_params(H100x2, SHAPE, SEQ, ok), SHAPE, SEQ, ok, fw, 0.0)
     per_mb = plain.compute + plain.tp_comm
     assert inter.bubble == pytest.approx(3 * (per_mb + 2 * plain.p2p) / 2)
     assert inter.step < plain.step
@@ -125,8 +146,9 @@ def test_a_simulation_names_its_framework_and_bad_fields_are_named():
 
     path = "experiments/sim/paper_llama-2-13b_2x8-h100.yaml"
     assert setting_from(load_sim_config(path)).cluster.framework is None  # plain by default, as before
-    cfg = load_sim_config(path, ["cluster.framework=megatron", "cluster.megatron.virtual_stages=2"])
-    assert setting_from(cfg).cluster.framework == MegatronFramework(virtual_stages=2)
+    sets = ["cluster.framework=megatron", "cluster.megatron.virtual_stages=2", "cluster.megatron.tp_comm_overlap=true"]
+    cfg = load_sim_config(path, sets)
+    assert setting_from(cfg).cluster.framework == MegatronFramework(virtual_stages=2, tp_comm_overlap=True)
     bad = [["cluster.framework=deepspeed"], ["cluster.megatron.virtual_stages=0"], ["cluster.megatron.overlap=1"]]
     for overrides in bad:
         with pytest.raises(ConfigError, match="cluster"):

@@ -16,6 +16,7 @@ copusbr0, cpusets copus-*), so `down` finds and removes what any `up` left, whol
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import math
 import os
@@ -57,6 +58,7 @@ class EmulatedSpec:
     state_dir: str
     workers_per_node: int
     cpus_per_node: int  # the CPUs each node advertises to Ray: its workers' share, rounded up
+    congestion_control: str = "host"  # the links' routes' TCP congestion control; host: the machine's
 
     @classmethod
     def from_config(cls, cfg) -> EmulatedSpec:
@@ -74,12 +76,14 @@ class EmulatedSpec:
             state_dir=str(e.state_dir),
             workers_per_node=per_node,
             cpus_per_node=max(1, math.ceil(per_node * c.cpus_per_worker - 1e-9)),
+            congestion_control=e.congestion_control,
         )
 
     def describe(self) -> str:
+        tcp = "" if self.congestion_control == "host" else f", TCP {self.congestion_control}"
         return (
             f"{self.nodes} nodes x {self.workers_per_node} workers, {self.cores_per_node} core(s) each, "
-            f"links {self.link_mbit:g} Mbit/s"
+            f"links {self.link_mbit:g} Mbit/s{tcp}"
         )
 
 
@@ -109,6 +113,32 @@ def requirements_problem() -> str | None:
     if not Path("/var/run/netns").exists() and not _can_make_netns():
         return "an emulated cluster needs network namespaces (`ip netns add` failed)"
     return None
+
+
+AVAILABLE_CONGESTION = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+def congestion_problem(name: str) -> str | None:
+    """Why `cluster.emulate.congestion_control: name` cannot be used here (None when it can)."""
+    if name == "host":
+        return None
+    available = AVAILABLE_CONGESTION.read_text().split() if AVAILABLE_CONGESTION.exists() else []
+    if name not in available:
+        return (
+            f"cluster.emulate.congestion_control: {name!r} is not available in this kernel "
+            f"(available: {', '.join(available) or 'none listed'}, or host)"
+        )
+    return None
+
+
+def _set_congestion(spec: EmulatedSpec, dev: str, ip: str, namespace: str | None) -> None:
+    """The route to the subnet through `dev` with the spec's TCP congestion control: every
+    socket over the links uses it, whatever the machine's default (no sysctl needed)."""
+    if spec.congestion_control == "host":
+        return
+    net = str(ipaddress.IPv4Network(spec.subnet, strict=False))
+    cmd = ["ip", *(["-n", namespace] if namespace else []), "route", "replace", net, "dev", dev]
+    _run([*cmd, "proto", "kernel", "scope", "link", "src", ip, "congctl", spec.congestion_control], f"routing {dev}")
 
 
 def _can_make_netns() -> bool:
@@ -160,6 +190,7 @@ def _make_network(spec: EmulatedSpec) -> tuple[str, list[str]]:
     _run(["ip", "link", "add", BRIDGE, "type", "bridge"], "making the bridge")
     _run(["ip", "addr", "add", f"{head_ip}/{prefix}", "dev", BRIDGE], "addressing the bridge")
     _run(["ip", "link", "set", BRIDGE, "up"], "raising the bridge")
+    _set_congestion(spec, BRIDGE, head_ip, None)
     for i, ip in enumerate(node_ips, start=1):
         ns, veth = netns(i), host_veth(i)
         _run(["ip", "netns", "add", ns], f"making namespace {ns}")
@@ -168,6 +199,7 @@ def _make_network(spec: EmulatedSpec) -> tuple[str, list[str]]:
         _run(["ip", "-n", ns, "addr", "add", f"{ip}/{prefix}", "dev", NODE_IFNAME], f"addressing {ns}")
         _run(["ip", "-n", ns, "link", "set", NODE_IFNAME, "up"], f"raising {ns}'s link")
         _run(["ip", "-n", ns, "link", "set", "lo", "up"], f"raising {ns}'s loopback")
+        _set_congestion(spec, NODE_IFNAME, ip, ns)
         shape_link(veth, spec.link_mbit)  # traffic into the node
         shape_link(NODE_IFNAME, spec.link_mbit, ns)  # traffic out of it
     return head_ip, node_ips
@@ -369,7 +401,7 @@ def up(spec: EmulatedSpec, echo: Callable[[str], None] = print) -> dict:
     """Bring the emulated cluster up and return its state. Idempotent for the same spec while it
     is up; refuses in one line when another is up. Whatever a failed or interrupted `up` made is
     taken down again before the error goes on."""
-    problem = requirements_problem()
+    problem = requirements_problem() or congestion_problem(spec.congestion_control)
     if problem:
         raise EmulationError(problem)
     state_dir = Path(spec.state_dir)

@@ -24,6 +24,11 @@ from a public description, each a field of `MegatronFramework` to switch off:
 - **Sequence parallelism** (Korthikanti et al. 2022): the tensor-parallel all-reduces become
   reduce-scatters and all-gathers of the same volume (time unchanged), and the norms'
   activations are sharded over tp (memory).
+- **Tensor-parallel overlap** (`--tp-comm-overlap`, off by default in Megatron-LM; it needs
+  sequence parallelism and Transformer Engine's userbuffers; NVIDIA NeMo docs, "Communication
+  Overlap"): each all-gather and reduce-scatter is split into chunks, each moved while the
+  adjacent linear layer's matmul works on the chunk before it. What outlasts the matmuls beside
+  it is exposed, and at least one of its tp chunks (`exposed_tp_seconds`).
 - **Interleaved 1F1B** (`virtual_stages` v > 1; Narayanan et al. 2021, section 2.2.2): the bubble
   shrinks v-fold and each micro-batch crosses v times as many stage boundaries. Megatron needs
   the micro-batches a multiple of pp and the layers a multiple of pp·v; elsewhere plain 1F1B.
@@ -52,6 +57,7 @@ class MegatronFramework:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     sequence_parallel: bool = True
+    tp_comm_overlap: bool = False
     virtual_stages: int = 1
     bucket_params: float = DEFAULT_BUCKET_PARAMS
 
@@ -72,6 +78,13 @@ def matmul_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     still multiplies by it) plus attention scores and values, 12·L·d·s."""
     lookup = 0 if shape.tie_embeddings else shape.embed_params()
     return 6.0 * (shape.param_count() - lookup) + 12.0 * shape.n_layers * shape.dim * seq_len
+
+
+def matmul_share(shape: ModelShape, seq_len: int) -> float:
+    """The share of a micro-batch's compute in the linear layers' matmuls (the rest: attention's
+    scores and values), the work tensor-parallel communication can hide under."""
+    linear = matmul_flops_per_token(shape, seq_len) - 12.0 * shape.n_layers * shape.dim * seq_len
+    return linear / matmul_flops_per_token(shape, seq_len)
 
 
 def stage_link_span(cfg: CandidateConfig, ranks_per_node: int) -> int:
@@ -119,22 +132,38 @@ def exposed_dp_seconds(
     return cfg.microbatches * per_microbatch
 
 
+def exposed_tp_seconds(cfg: CandidateConfig, tp_comm_s: float, matmul_s: float, fw: MegatronFramework) -> float:
+    """Seconds of a micro-batch's tensor-parallel communication (`tp_comm_s`) not hidden under
+    the matmuls beside it (`matmul_s`): all of it without `tp_comm_overlap` (or without sequence
+    parallelism, which the overlap needs); with it, what outlasts the matmuls, and at least one
+    of its tp chunks (the pipelined split's last reduce-scatter chunk has no matmul after it)."""
+    if cfg.tp == 1 or not (fw.tp_comm_overlap and fw.sequence_parallel):
+        return tp_comm_s
+    return max(tp_comm_s / cfg.tp, tp_comm_s - matmul_s)
+
+
 def megatron_terms(
-    params: StepTimeParams, shape: ModelShape, cfg: CandidateConfig, fw: MegatronFramework, allreduce_s: float
+    params: StepTimeParams,
+    shape: ModelShape,
+    seq_len: int,
+    cfg: CandidateConfig,
+    fw: MegatronFramework,
+    allreduce_s: float,
 ) -> Terms:
     """A step of `cfg` as Megatron-LM runs it: `params` price compute, tensor-parallel and
     stage-to-stage traffic and the optimizer step (their data-parallel terms are not read);
     `allreduce_s` is one fp32 all-reduce of the rank's gradients over the dp group's link."""
     t = StepTimeModel(replace(params, d0=0.0, d1=0.0, z=1.0, gamma=1.0), shape).terms(cfg)
     v = interleaved_stages(cfg, shape, fw)
-    per_microbatch = t.compute + t.tp_comm + v * t.p2p
+    tp_comm = exposed_tp_seconds(cfg, t.tp_comm, matmul_share(shape, seq_len) * t.compute, fw)
+    per_microbatch = t.compute + tp_comm + v * t.p2p
     pipeline = cfg.microbatches * per_microbatch
     bubble = (cfg.pp - 1) * per_microbatch / v
     rank_params = shape.max_stage_params(cfg.pp) / cfg.tp
     exposed = exposed_dp_seconds(cfg, allreduce_s, t.compute, rank_params, fw)
     return Terms(
         compute=t.compute,
-        tp_comm=t.tp_comm,
+        tp_comm=tp_comm,
         p2p=v * t.p2p,
         pipeline=pipeline,
         bubble=bubble,

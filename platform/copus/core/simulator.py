@@ -438,7 +438,7 @@ def step_terms(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Candidate
         return StepTimeModel(params, shape).terms(cfg)
     dp_bw, _ = cluster.link(cfg.dp * cfg.tp)
     ring = 2 * (cfg.dp - 1) / cfg.dp * rank_grad_bytes(shape, cfg.tp, cfg.pp)  # fp32 bytes each rank sends
-    return megatron_terms(params, shape, cfg, cluster.framework, params.d0 + ring / dp_bw)
+    return megatron_terms(params, shape, seq_len, cfg, cluster.framework, params.d0 + ring / dp_bw)
 
 
 def step_time(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> float:

@@ -64,6 +64,7 @@ class SimMegatron(Section):
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     sequence_parallel: bool = True
+    tp_comm_overlap: bool = False
     virtual_stages: int = Field(1, ge=1)
     bucket_params: float = Field(DEFAULT_BUCKET_PARAMS, gt=0)
 
