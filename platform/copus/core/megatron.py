@@ -73,18 +73,23 @@ class MegatronFramework:
         return replace(MEGATRON_BF16, sequence_parallel=self.sequence_parallel)
 
 
+def attention_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """Training FLOPs per token of attention's scores and values, 12·L·d·s (no parameters)."""
+    return 12.0 * shape.n_layers * shape.dim * seq_len
+
+
 def matmul_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     """Training FLOPs per token: 6 per matmul parameter (the embedding is a lookup; a tied head
-    still multiplies by it) plus attention scores and values, 12·L·d·s."""
+    still multiplies by it) plus attention scores and values."""
     lookup = 0 if shape.tie_embeddings else shape.embed_params()
-    return 6.0 * (shape.param_count() - lookup) + 12.0 * shape.n_layers * shape.dim * seq_len
+    return 6.0 * (shape.param_count() - lookup) + attention_flops_per_token(shape, seq_len)
 
 
 def matmul_share(shape: ModelShape, seq_len: int) -> float:
     """The share of a micro-batch's compute in the linear layers' matmuls (the rest: attention's
     scores and values), the work tensor-parallel communication can hide under."""
-    linear = matmul_flops_per_token(shape, seq_len) - 12.0 * shape.n_layers * shape.dim * seq_len
-    return linear / matmul_flops_per_token(shape, seq_len)
+    total = matmul_flops_per_token(shape, seq_len)
+    return (total - attention_flops_per_token(shape, seq_len)) / total
 
 
 def stage_link_span(cfg: CandidateConfig, ranks_per_node: int) -> int:

@@ -52,7 +52,13 @@ from copus.core.datasheets import NodeSpec
 from copus.core.decision_rule import critical_batch_log_sd, factor_log_sd_at
 from copus.core.horizon import fit_window, rest_of_run
 from copus.core.layout import CandidateConfig, ModelShape, layout_problems
-from copus.core.megatron import MegatronFramework, matmul_flops_per_token, megatron_terms, stage_link_span
+from copus.core.megatron import (
+    MegatronFramework,
+    attention_flops_per_token,
+    matmul_flops_per_token,
+    megatron_terms,
+    stage_link_span,
+)
 from copus.core.memory import ENGINE, config_bytes, fits
 from copus.core.planner import RuleSettings, SwitchCosts
 from copus.core.policy_names import SCHEDULED
@@ -393,7 +399,7 @@ class Cluster:
 
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     """Forward and backward: 6 per parameter, plus attention scores and values (12 L d s)."""
-    return 6.0 * shape.param_count() + 12.0 * shape.n_layers * shape.dim * seq_len
+    return 6.0 * shape.param_count() + attention_flops_per_token(shape, seq_len)
 
 
 def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: CandidateConfig) -> StepTimeParams:
