@@ -100,6 +100,21 @@ HEADLINES = (
         "copus-gbs",
         "copus compare experiments/compare_emulated_layout.yaml (root)",
     ),
+    Headline(
+        "EMULATED 2-node cluster, second layout suite (links re-capped to the machine's compute at every "
+        "run, target 1.6): COPUS against the best baseline (tuned ramp); the layout never moved",
+        ("compare-emulated-layout-v2.json",),
+        "copus",
+        "tuned-ramp",
+        "copus compare experiments/compare_emulated_layout_v2.yaml (root)",
+    ),
+    Headline(
+        "same suite: COPUS against its copus-gbs ablation",
+        ("compare-emulated-layout-v2.json",),
+        "copus",
+        "copus-gbs",
+        "copus compare experiments/compare_emulated_layout_v2.yaml (root)",
+    ),
 )
 
 

@@ -42,7 +42,7 @@ def _experiment(tmp: Path, token_cache: Path, state_dir: str) -> Path:
     """The tests' small experiment on 4 workers, 2 per node, data parallel across the link."""
     mapping = experiment_mapping(tmp, token_cache)
     mapping["parallel"] = {"dp": 4, "tp": 1, "pp": 1}
-    emulated = {"nodes": 2, "link_mbit": LINK_MBIT, "state_dir": state_dir, "congestion_control": "cubic"}
+    emulated = {"nodes": 2, "link_mbit": LINK_MBIT, "state_dir": state_dir}  # TCP cubic, the default
     mapping["cluster"] = {"num_workers": 4, "cpus_per_worker": 0.5, "emulate": emulated}
     path = tmp / "emulated.yaml"
     path.write_text(yaml.safe_dump(mapping))

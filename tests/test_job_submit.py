@@ -3,6 +3,7 @@ describes: the job runs `copus run` on that cluster and writes its summary and M
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -134,10 +135,23 @@ def test_ray_job_submit_runs_copus_on_a_started_head(tmp_path, token_cache):
         assert summary["steps"] == 4 and summary["stop_reason"] == "max_steps"
         assert (tmp_path / "mlflow.db").is_file()
     finally:
-        head.terminate()
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        _stop(head, ray_tmp)
         log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _stop(head: subprocess.Popen, ray_tmp: str) -> None:
+    """Stop exactly this cluster: the head and every process under it or started with its temp
+    folder (Ray's daemons, the job's driver and workers). A SIGTERM to `ray start --block` alone
+    stops it too, but its graceful shutdown took ~30 s here after a job had run, and after a
+    SIGTERM to each process the daemons still ran 15 s later: SIGKILL, as `ray stop --force` does,
+    on this cluster's processes only (its folder is removed next)."""
+    cluster = [head_process := psutil.Process(head.pid), *head_process.children(recursive=True)]
+    for p in psutil.process_iter(["cmdline"]):
+        if any(ray_tmp in part for part in p.info["cmdline"] or ()) and p not in cluster:
+            cluster.append(p)
+    for p in cluster:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(cluster, timeout=30)
+    head.wait(timeout=30)

@@ -290,11 +290,12 @@ class EmulateConfig(Section):
     # suite runs, every run keeps the ratio the rate was chosen for.
     compute_reference_every: Literal["machine", "run"] = "machine"
     cores_per_node: int = Field(1, ge=1)  # cores each node owns (wrapping round the machine's cores)
-    # The TCP congestion control of the links' routes (`ip route ... congctl`): `host` leaves the
-    # machine's default. Where that is BBR, a token-bucket link makes a pipeline's 128 KiB sends
-    # stall now and then (pp2 mbs 2 on the tiny model: 35% of steps 1.5x slow, none with cubic;
+    # The TCP congestion control of the links' routes (`ip route ... congctl`); `host` leaves the
+    # machine's default. Cubic by default (since Dec 7, 2026; host before): where the machine's
+    # default is BBR, a token-bucket link makes a pipeline's 128 KiB sends stall now and then
+    # (pp2 mbs 2 on the tiny model: 35% of steps 1.5x slow, 3% with cubic;
     # docs/emulated-cluster.md), which no real link does.
-    congestion_control: str = Field("host", pattern=r"^[a-z0-9_]{1,16}$")
+    congestion_control: str = Field("cubic", pattern=r"^[a-z0-9_]{1,16}$")
     subnet: str = "10.77.0.0/24"  # the bridge's; the head is .1, node i is .(10 + i)
     port: int = Field(6390, ge=1024, le=65535)  # the head's GCS port; its dashboard (job API) is port + 1
     state_dir: LocalPath = "/tmp/copus-emu"  # the cluster's state file, token and Ray session files

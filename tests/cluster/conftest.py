@@ -5,6 +5,8 @@ import os
 import pytest
 import ray
 
+from tests.conftest import empty_mlflow_db
+
 
 @pytest.fixture(scope="package", autouse=True)
 def local_ray():
@@ -18,3 +20,9 @@ def local_ray():
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def mlflow_db(tmp_path):
+    """The test's MLflow database (base_mapping's), there before its runs: see empty_mlflow_db."""
+    empty_mlflow_db(tmp_path / "mlflow.db")

@@ -4,6 +4,7 @@ same step with the same next loss as an uninterrupted run; MLflow holds what it 
 from __future__ import annotations
 
 import json
+import shutil
 
 import mlflow
 import pytest
@@ -12,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from copus.cluster.driver import run_experiment
 from copus.cluster.gns_command import measure_experiment_gns
 from copus.config import config_from_mapping
-from tests.conftest import experiment_mapping
+from tests.conftest import empty_mlflow_db, experiment_mapping
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,7 @@ def relaunched(token_cache, tmp_path_factory) -> dict:
     steps, dp = 2) is also the reference of the 3D test: one Ray run fewer."""
     tmp = tmp_path_factory.mktemp("relaunch")
     mapping = experiment_mapping(tmp, token_cache)
+    empty_mlflow_db(tmp / "mlflow.db")
     messages: list[str] = []
     whole_cfg = config_from_mapping(mapping, [f"output_dir={tmp / 'whole'}", "tracking.run_name=whole"])
     whole = run_experiment(whole_cfg, echo=messages.append)
@@ -185,12 +187,15 @@ def test_gns_command_measures_on_the_ray_workers(base_mapping):
     assert result["b_noise_low"] <= result["b_noise_high"]  # a bootstrap interval over the 5 batches
 
 
-def test_relaunch_with_another_workload_is_refused_before_anything_starts(base_mapping, tmp_path):
+def test_relaunch_with_another_workload_is_refused_before_anything_starts(relaunched, tmp_path):
     from copus.config import ConfigError
 
-    first = config_from_mapping(base_mapping, ["stop.max_steps=1"])
-    run_experiment(first, echo=lambda _: None)
-    changed = config_from_mapping(base_mapping, ["stop.max_steps=2", "workload.seq_len=64"])
+    # A copy of the fixture's finished run (a run of its own would be one Ray run more).
+    held = tmp_path / "held"
+    shutil.copytree(relaunched["tmp"] / "whole", held)
+    changed = config_from_mapping(
+        relaunched["mapping"], [f"output_dir={held}", "stop.max_steps=2", "workload.seq_len=64"]
+    )
     with pytest.raises(ConfigError, match=r"^output_dir: .* holds a run this configuration cannot resume"):
         run_experiment(changed, echo=lambda _: None)
     # --fresh starts over in the same directory.

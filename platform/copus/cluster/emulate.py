@@ -58,7 +58,7 @@ class EmulatedSpec:
     state_dir: str
     workers_per_node: int
     cpus_per_node: int  # the CPUs each node advertises to Ray: its workers' share, rounded up
-    congestion_control: str = "host"  # the links' routes' TCP congestion control; host: the machine's
+    congestion_control: str = "cubic"  # the links' routes' TCP congestion control; host: the machine's
 
     @classmethod
     def from_config(cls, cfg) -> EmulatedSpec:

@@ -43,7 +43,6 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 import numpy as np
-from scipy import stats
 from scipy.optimize import isotonic_regression, minimize_scalar
 
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
@@ -370,6 +369,10 @@ def _lack_of_fit_p(z: np.ndarray, observed: np.ndarray, sse: float) -> float:
         return float("nan")
     if pure <= NO_SPREAD:  # seeds that agree exactly: any lack of fit is significant
         return 1.0 if sse - pure <= NO_SPREAD else 0.0
+    # Imported here: scipy.stats takes ~0.5 s to import, and the planner (every Ray worker and
+    # CLI command imports it) needs it only for this test.
+    from scipy import stats
+
     return float(stats.f.sf(((sse - pure) / lack_dof) / (pure / pure_dof), lack_dof, pure_dof))
 
 
