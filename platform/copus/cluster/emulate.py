@@ -58,7 +58,10 @@ class EmulatedSpec:
     state_dir: str
     workers_per_node: int
     cpus_per_node: int  # the CPUs each node advertises to Ray: its workers' share, rounded up
-    congestion_control: str = "cubic"  # the links' routes' TCP congestion control; host: the machine's
+    # The links' routes' TCP congestion control (host: the machine's). from_config always passes
+    # the config's (cubic by default); this default is what a state file written before the field
+    # existed means: its cluster was brought up with the machine's.
+    congestion_control: str = "host"
 
     @classmethod
     def from_config(cls, cfg) -> EmulatedSpec:
