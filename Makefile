@@ -20,10 +20,15 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/copus compare experiments/quickstart_compare.yaml
 
+# The suite in two parts: the tests without the slow marker (single-process, most of them) on two
+# xdist processes, a test file to each at a time, so that neither core idles while the other runs
+# one; then the slow ones (gloo ranks, Ray clusters, emulated nodes: they use every core and
+# time their own steps) one at a time, as before.
 test: $(STAMP) browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -m slow tests
 
 # The report test opens the HTML in headless Chromium. Install Debian's headless shell once
 # where we are root with apt (CI, fresh machines). Where CI=true the install must succeed, or

@@ -12,8 +12,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# No per-example deadline (hypothesis's default is 200 ms): tests never assert on wall-clock time,
+# and on a 2-core machine running the suite on two processes a plain example may take longer.
+settings.register_profile("copus", deadline=None)
+settings.load_profile("copus")
 
 # One intra-op thread in the test process (and in the processes it starts, unless the
 # environment says otherwise; spawned gloo ranks and Ray workers use one already). The models

@@ -13,7 +13,13 @@ import pytest
 from copus.config import ConfigError
 from copus.core.calibration import CalibratedMapping, NoiseScaleMapping
 from copus.core.decision_rule import factor_log_sd_at
-from copus.core.sim_calibration import CalibrationSampling, calibration_grid, calibration_truth, simulated_calibration
+from copus.core.sim_calibration import (
+    CalibrationSampling,
+    _samples_to,
+    calibration_grid,
+    calibration_truth,
+    simulated_calibration,
+)
 from copus.core.sim_protocol import perfect_setting
 from copus.core.simulator import best_speed_by_gbs, make_planner, planner_view, search_space
 from copus.sim.config import load_sim_config, setting_from
@@ -121,3 +127,14 @@ def test_a_branch_point_no_continuation_can_measure_is_left_out():
     assert data is None and report["branches"] == [] and report["unmeasurable_branches"] == len(truth.branches)
     view = planner_view(s, space)
     assert view.calibration is None and isinstance(make_planner(s, view).mapping, NoiseScaleMapping)
+
+
+def test_a_continuation_below_the_loss_curves_floor_is_unmeasurable_without_stepping_to_the_cap():
+    # A loss curve that drops to its floor in one step (a hostile `training.loss_curve.beta`):
+    # every continuation aims below the floor. Stepping 2 million times per continuation to find
+    # that out took 40 s; the floor says it at once.
+    s = setting_from(load_sim_config(SETTING_3B, ["protocol=null", "training.loss_curve.beta=3e8"]))
+    model = s.truth_model()
+    model.step(s.start.gbs)
+    assert math.isnan(_samples_to(model, s.start.gbs, model.floor)) and model.samples == s.start.gbs
+    assert _samples_to(model, s.start.gbs, model.floor + 1.0) == 0.0

@@ -33,7 +33,6 @@ from copus.core.counterfactual import counterfactual_gain
 from copus.core.probing import ProbeSettings, probe_due, probe_length, run_curve_complete, run_curve_since
 from copus.records import ProbeRecord
 from copus.storage import Location, local_copy
-from copus.train.checkpoint import checkpoint_dirs, read_trainer_state
 from copus.train.worker_plan import WorkerPlan
 
 # Why a probe that would pay was not made on a GPU cluster.
@@ -77,6 +76,10 @@ def _probe_task(plan: WorkerPlan, checkpoint: Location, gbs: int, samples: int) 
 
 def find_branch_checkpoint(root: Location, step: int) -> Location | None:
     """The run's checkpoint written at `step` (newest first: it is usually the newest)."""
+    # Imported here: copus.train.checkpoint imports torch (2 s of CPU), which the controller
+    # actor that holds this module needs for nothing else.
+    from copus.train.checkpoint import checkpoint_dirs, read_trainer_state
+
     for candidate in checkpoint_dirs(root):
         with local_copy(candidate) as local:
             try:

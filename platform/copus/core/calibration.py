@@ -43,7 +43,6 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 import numpy as np
-from scipy.optimize import isotonic_regression, minimize_scalar
 
 from copus.core.efficiency import DEFAULT_CRITICAL_FACTOR
 from copus.core.efficiency import efficiency as noise_scale_efficiency
@@ -65,6 +64,15 @@ B_CRIT_SEARCH_POINTS = 300
 REFINE_FACTOR = 4
 # Below this (in squared log units: a relative spread of 1e-6), a sum of squares is no spread at all.
 NO_SPREAD = 1e-12
+
+
+def _optimize():
+    """scipy.optimize, imported on first use: its import costs ~0.5 s of CPU, and this module
+    comes with the planner into every Ray worker, controller and CLI command, which fit a
+    calibration rarely (scipy.stats likewise, in `_lack_of_fit_p`)."""
+    import scipy.optimize
+
+    return scipy.optimize
 
 
 def samples_to_decrement(samples: list[float], losses: list[float], target: float) -> float:
@@ -89,7 +97,7 @@ def smoothed_crossing(samples: list[float], losses: list[float], target: float, 
     crossing when fewer than 3 points qualify). NaN when the trend never gets there."""
     s = np.asarray(samples, dtype=float)
     raw = np.asarray(losses, dtype=float)
-    trend = isotonic_regression(raw, increasing=False).x
+    trend = _optimize().isotonic_regression(raw, increasing=False).x
     if not np.any(trend <= target):
         return float("nan")
     fallback = samples_to_decrement(list(s), list(trend), target)
@@ -324,7 +332,7 @@ def _least_squares(z: np.ndarray, observed: np.ndarray, gbs: np.ndarray, search:
     near = _best_on_range(z[None], observed, gbs, search)[0]
     step = search[1] - search[0]
     bounds = (max(near - 2 * step, search[0]), min(near + 2 * step, search[-1]))
-    best = minimize_scalar(
+    best = _optimize().minimize_scalar(
         lambda t: float(np.sum(_residuals(z, observed, gbs, t) ** 2)),
         bounds=bounds,
         method="bounded",
@@ -369,9 +377,7 @@ def _lack_of_fit_p(z: np.ndarray, observed: np.ndarray, sse: float) -> float:
         return float("nan")
     if pure <= NO_SPREAD:  # seeds that agree exactly: any lack of fit is significant
         return 1.0 if sse - pure <= NO_SPREAD else 0.0
-    # Imported here: scipy.stats takes ~0.5 s to import, and the planner (every Ray worker and
-    # CLI command imports it) needs it only for this test.
-    from scipy import stats
+    from scipy import stats  # imported here, as scipy.optimize is (`_optimize`)
 
     return float(stats.f.sf(((sse - pure) / lack_dof) / (pure / pure_dof), lack_dof, pure_dof))
 
@@ -453,8 +459,8 @@ def _monotone(log_b_crit: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np
     if len(log_b_crit) < 2:
         return log_b_crit, draws
     weights = 1.0 / np.maximum(draws.var(axis=1), NO_SPREAD)
-    joint = isotonic_regression(log_b_crit, weights=weights).x
-    again = np.stack([isotonic_regression(column, weights=weights).x for column in draws.T], axis=1)
+    joint = _optimize().isotonic_regression(log_b_crit, weights=weights).x
+    again = np.stack([_optimize().isotonic_regression(column, weights=weights).x for column in draws.T], axis=1)
     return joint, again
 
 

@@ -109,7 +109,11 @@ def calibration_grid(s: "Setting", p: CalibrationSampling) -> tuple[int, ...]:
 
 
 def _samples_to(model, gbs: int, loss: float) -> float:
-    """Samples `model` trains at `gbs` until its loss is at or below `loss` (NaN past the cap)."""
+    """Samples `model` trains at `gbs` until its loss is at or below `loss` (NaN past the cap, or
+    at once where `loss` is at or below the curve's floor: stepping to the cap to find that out
+    took 40 s of a hostile loss curve's simulation)."""
+    if not loss > model.floor:
+        return math.nan
     start = model.samples
     for _ in range(MAX_CONTINUATION_STEPS):
         if model.loss <= loss:

@@ -321,6 +321,11 @@ class TrainingModel:
         self._floor = self.curve.floor(self.params)  # a step costs microseconds: computed once
         self._cap = self.curve.initial if self.curve.initial is not None else math.inf
 
+    @property
+    def floor(self) -> float:
+        """The loss this model approaches and never goes below (`LossCurve.floor`)."""
+        return self._floor
+
     def loss_of(self, tokens: float) -> float:
         """`curve.loss` at these effective tokens (its floor computed once)."""
         return min(self._floor + self.curve.b / power(max(tokens, 1.0), self.curve.beta), self._cap)
