@@ -26,6 +26,7 @@ from copus.core.simulator import (
     best_layout_by_gbs,
     search_space,
     simulate,
+    step_terms,
     step_time,
 )
 from copus.sim.config import load_sim_config, setting_from
@@ -293,3 +294,23 @@ def test_bad_estimate_and_calibration_fields_are_named(tmp_path, monkeypatch):
         assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="training.calibration: give either a calibration or training.critical_batch"):
         load_sim_config(sim, ["training.calibration=neg.json", "training.critical_batch.alpha_b=0.3"])
+
+
+@pytest.mark.parametrize("framework", ["plain", "megatron"])
+def test_the_mfu_curve_is_the_nodes_unless_the_setting_gives_one(framework):
+    # Each micro-batch's compute is FLOPs / (peak x MFU(w)), w = mbs x seq_len / tp tokens: what
+    # the curve set in the YAML says, and the datasheet's where it sets nothing.
+    path = SIM_DIR / "paper_llama-2-13b_2x8-h100.yaml"
+    fw = [f"cluster.framework={framework}"]
+    plain = setting_from(load_sim_config(path, fw))
+    set_ = setting_from(load_sim_config(path, [*fw, "cluster.mfu_max=0.4", "cluster.mfu_half_tokens=512"]))
+    assert plain.cluster.node == NODES["h100-sxm-8"]
+    acc = set_.cluster.node.accelerator
+    assert (acc.mfu_max, acc.mfu_half_tokens) == (0.4, 512.0) and acc.peak_bf16_flops == 989.4e12
+    cfg = CandidateConfig(4, 2, 2, 2, 64)
+    w = cfg.mbs * plain.seq_len / cfg.tp
+    ratio = NODES["h100-sxm-8"].accelerator.mfu(w) / acc.mfu(w)
+    compute = [step_terms(s.cluster, s.shape, s.seq_len, cfg).compute for s in (plain, set_)]
+    assert compute[1] / compute[0] == pytest.approx(ratio, rel=1e-12)
+    with pytest.raises(ConfigError, match="cluster.mfu_max"):
+        load_sim_config(path, ["cluster.mfu_max=1.5"])

@@ -8,7 +8,7 @@ interconnect, fewer NICs), describe it with another `NodeSpec` rather than editi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 GB = 1e9
 GIB = 1024**3
@@ -45,6 +45,17 @@ class NodeSpec:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def with_mfu(node: NodeSpec, mfu_max: float | None, mfu_half_tokens: float | None) -> NodeSpec:
+    """`node` with its accelerator's MFU curve replaced where a value is given (None keeps it)."""
+    acc = node.accelerator
+    acc = replace(
+        acc,
+        mfu_max=acc.mfu_max if mfu_max is None else mfu_max,
+        mfu_half_tokens=acc.mfu_half_tokens if mfu_half_tokens is None else mfu_half_tokens,
+    )
+    return replace(node, accelerator=acc)
 
 
 # MFU: Megatron-LM reports 40-55% MFU for GPT models of 3-175 B parameters on H100 at

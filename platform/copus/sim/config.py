@@ -30,7 +30,7 @@ from copus.config import (
     format_pydantic_error,
     read_yaml,
 )
-from copus.core.datasheets import NODES
+from copus.core.datasheets import NODES, with_mfu
 from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
 from copus.core.finite import positive_number
@@ -78,6 +78,11 @@ class SimCluster(Section):
     # stage link and FLOPs as it has them), described by `megatron`.
     framework: Literal["plain", "megatron"] = "plain"
     megatron: SimMegatron = SimMegatron()
+    # The node's MFU curve, MFU(w) = mfu_max w / (w + mfu_half_tokens) in tokens per rank of a
+    # micro-batch (copus.core.datasheets): null keeps the datasheet's figure; set, the truth and
+    # the planner's profile of it both use this one (a sensitivity, docs/simulator.md).
+    mfu_max: float | None = Field(None, gt=0.0, le=1.0)
+    mfu_half_tokens: float | None = Field(None, ge=0.0)
 
     @model_validator(mode="after")
     def _one_step_time_truth(self) -> SimCluster:
@@ -550,7 +555,7 @@ def framework_of(cluster: SimCluster) -> MegatronFramework | None:
 
 def setting_from(cfg: SimConfig) -> Setting:
     """The plain simulator inputs of a validated config."""
-    node = NODES[cfg.cluster.node]
+    node = with_mfu(NODES[cfg.cluster.node], cfg.cluster.mfu_max, cfg.cluster.mfu_half_tokens)
     cluster = Cluster(node, cfg.cluster.nodes, framework_of(cfg.cluster))
     p = cfg.parallel or SimParallel(dp=cluster.world)
     t, c = cfg.training, cfg.costs
