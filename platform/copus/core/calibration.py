@@ -459,8 +459,9 @@ def _monotone(log_b_crit: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np
     if len(log_b_crit) < 2:
         return log_b_crit, draws
     weights = 1.0 / np.maximum(draws.var(axis=1), NO_SPREAD)
-    joint = _optimize().isotonic_regression(log_b_crit, weights=weights).x
-    again = np.stack([_optimize().isotonic_regression(column, weights=weights).x for column in draws.T], axis=1)
+    isotonic = _optimize().isotonic_regression
+    joint = isotonic(log_b_crit, weights=weights).x
+    again = np.stack([isotonic(column, weights=weights).x for column in draws.T], axis=1)
     return joint, again
 
 

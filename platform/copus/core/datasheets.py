@@ -58,11 +58,11 @@ def with_mfu(node: NodeSpec, mfu_max: float | None, mfu_half_tokens: float | Non
     return replace(node, accelerator=acc)
 
 
-# MFU: Megatron-LM reports 40-55% MFU for GPT models of 3-175 B parameters on H100 at
-# micro-batches of a few thousand tokens per GPU (NVIDIA Megatron-Core performance tables,
-# 2024); MI200-series training reports are lower (30-40%, ROCm Megatron/DeepSpeed ports). The
-# half-saturation points are our assumption (about one 2k-token sequence per rank on H100,
-# less on the slower MI210, which saturates sooner); both are plain fields to override.
+# MFU, its public sources per part in docs/simulator.md ("The MFU curve"): on H100 Megatron-LM
+# reports up to 47% and MosaicML's llm-foundry tables 35-46% at 4k-49k tokens per micro-batch;
+# on CDNA2 (MI250X, Dash et al. 2023) 32-38% of peak. The half-saturation points are our
+# assumption (about one 2k-token sequence per rank on H100, less on the slower MI210, which
+# saturates sooner); both are plain fields to override (`cluster.mfu_max`/`.mfu_half_tokens`).
 H100_SXM = AcceleratorSpec(
     "NVIDIA H100 SXM5 80GB",
     peak_bf16_flops=989.4e12,
