@@ -30,6 +30,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Ray Train, for every Ray process a test starts (its ray.init, the CLI and bench scripts it runs,
+# an emulated cluster's nodes: they inherit this environment):
+# - its controller polls the workers every 2 s by default, so a run's end (and each checkpoint
+#   report, and a worker's failure) is noticed up to 2 s late: most of a short run's tail;
+# - its PreemptionWatcher actor, started with every worker group, waits for a cloud's notice that
+#   a node will be taken away. No test has one; the actor is a process importing Ray Train
+#   (2 CPU-s of each run on 2 cores).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
 
 @pytest.fixture(scope="session")
 def token_cache(tmp_path_factory) -> Path:

@@ -68,13 +68,8 @@ def test_bench_script_runs_and_prints_its_last_line(script, tmp_path):
 
         if requirements_problem():
             pytest.skip(requirements_problem())
-    env = dict(os.environ)
-    if script in RAY_SCRIPTS:
-        # Ray Train notices a run's end (and each checkpoint report) one health check late: 2 s
-        # by default, most of a smoke run's time. (Ray puts its sockets under TMPDIR, so that
-        # stays short for these.)
-        env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    else:
+    env = dict(os.environ)  # with tests/conftest.py's Ray Train settings
+    if script not in RAY_SCRIPTS:  # (Ray puts its sockets under TMPDIR, so that stays short for these)
         env["TMPDIR"] = str(tmp_path)  # whatever the script leaves behind goes with the test
     done = subprocess.run(
         [sys.executable, str(Path("bench") / script), "--smoke"],

@@ -61,8 +61,7 @@ def _leftovers() -> dict:
 
 
 def _cli_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
-    return {**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
 
 
 def test_a_congestion_control_the_kernel_lacks_is_refused_naming_the_field(tmp_path, monkeypatch):

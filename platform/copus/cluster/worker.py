@@ -9,6 +9,7 @@ from typing import Any
 
 import ray.train
 
+from copus.cluster.loop_config import opened
 from copus.core.reconfiguration import SwitchOrder
 from copus.records import CheckpointRefusedRecord
 from copus.storage import Location
@@ -39,7 +40,7 @@ class TrainLaunch:
 
 
 def train_worker(loop_config: dict) -> dict:
-    launch: TrainLaunch = loop_config["launch"]
+    launch: TrainLaunch = opened(loop_config)["launch"]
     plan, monitor = launch.plan, launch.monitor
     rank = ray.train.get_context().get_world_rank()
 
@@ -113,11 +114,13 @@ def _patient_decisions(controller, timeout_s: float):
 
 def gns_worker(loop_config: dict) -> dict:
     """`copus gns`: measure B_noise at fixed (initial) weights, no update, no checkpoint."""
-    return measure_gns(loop_config["plan"], loop_config["steps"])
+    config = opened(loop_config)
+    return measure_gns(config["plan"], config["steps"])
 
 
 def profile_worker(loop_config: dict) -> dict:
     """`copus profile`: time the job's configurations; rank 0 streams results to the driver."""
-    monitor = loop_config["monitor"]
+    config = opened(loop_config)
+    monitor = config["monitor"]
     rank = ray.train.get_context().get_world_rank()
-    return measure_points(loop_config["job"], lambda record: monitor.push.remote(record) if rank == 0 else None)
+    return measure_points(config["job"], lambda record: monitor.push.remote(record) if rank == 0 else None)

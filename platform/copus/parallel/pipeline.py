@@ -14,9 +14,11 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+# The schedules' class names in torch.distributed.pipelining. The module is imported when a stage
+# is first built: it imports torch._dynamo (0.7 s of CPU), which a worker without a pipeline
+# dimension (every data- and tensor-parallel run) never needs.
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
 def _scaled(loss_fn: Callable, divisor: int, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -52,13 +54,17 @@ class PipelineRunner:
     def _schedule_for(self, microbatch_size: int, microbatches: int, training: bool):
         key = (microbatch_size, microbatches, training)
         if key != self._key:
-            pipe_stage = PipelineStage(self.module, self.stage, self.num_stages, self.device, group=self.group)
+            from torch.distributed import pipelining
+
+            pipe_stage = pipelining.PipelineStage(
+                self.module, self.stage, self.num_stages, self.device, group=self.group
+            )
             # Gradients of the batch's mean loss: each micro-batch's loss is divided by m before its
             # backward, as outside a pipeline, rather than the gradients after the last one
             # (scale_grads). So a gradient is final when its last backward ends, which the
             # data-parallel reducer (it starts all-reducing then) and the GNS probe rely on.
             scale = microbatches if training else 1
-            self._schedule = SCHEDULES[self.schedule_name](
+            self._schedule = getattr(pipelining, SCHEDULES[self.schedule_name])(
                 pipe_stage,
                 n_microbatches=microbatches,
                 loss_fn=partial(_scaled, self.loss_fn, scale),
