@@ -24,9 +24,10 @@ run: $(STAMP)
 # xdist processes, a test file to each at a time, so that neither core idles while the other runs
 # one; then the slow ones (gloo ranks, Ray clusters, emulated nodes: they use every core and
 # time their own steps) one at a time, as before.
-# Byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (it is on these sandboxes and their
-# CI) no import writes a .pyc, so every process the suite starts (each Ray worker, gloo rank and
-# CLI run) would compile the project's modules again: about 0.25 s of CPU for a Ray worker's 62.
+# Byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (it is on the machines this project
+# is developed on) no import writes a .pyc, so every process the suite starts (each Ray worker,
+# gloo rank and CLI run) would compile the project's modules again: about 0.25 s of CPU for a Ray
+# worker's 62.
 # Only what changed is compiled again.
 test: $(STAMP) browser
 	$(PY) -m ruff check .

@@ -69,8 +69,10 @@ def test_bench_script_runs_and_prints_its_last_line(script, tmp_path):
         if requirements_problem():
             pytest.skip(requirements_problem())
     env = dict(os.environ)  # with tests/conftest.py's Ray Train settings
-    if script not in RAY_SCRIPTS:  # (Ray puts its sockets under TMPDIR, so that stays short for these)
-        env["TMPDIR"] = str(tmp_path)  # whatever the script leaves behind goes with the test
+    # Whatever a script leaves behind goes with the test; not for the Ray scripts: Ray puts its
+    # sockets under TMPDIR, whose path must stay short.
+    if script not in RAY_SCRIPTS:
+        env["TMPDIR"] = str(tmp_path)
     done = subprocess.run(
         [sys.executable, str(Path("bench") / script), "--smoke"],
         cwd=REPO,
