@@ -15,11 +15,12 @@ from typing import Callable
 import numpy as np
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 
 from copus.cluster import emulate
 from copus.cluster.loop_config import sealed
+from copus.cluster.torch_backend import ProcessGroupConfig
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.topology import MESH_ORDER, crossing_dims
 from copus.train.data import num_windows
@@ -189,7 +190,7 @@ def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config
     return _DatalessTrainer(
         worker_fn,
         train_loop_config=sealed(loop_config),
-        torch_config=TorchConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        torch_config=ProcessGroupConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
         scaling_config=_scaling(cfg),
         run_config=run_config,
     )

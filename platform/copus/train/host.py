@@ -1,6 +1,8 @@
 """What a worker runs on, as plain data: the hardware half of a profile table's key, and the
 device memory the memory model compares against. Runs on a worker node (the driver may have
-no GPU)."""
+no GPU). torch is imported only where a GPU is asked about: `describe_hardware` runs as a Ray
+task before every profile and COPUS run, and on a CPU cluster importing torch was most of its
+cost (~2.3 s of a fresh worker process)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import ctypes
 import gc
 import os
 import platform
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GIB = 1024**3
 
@@ -32,20 +36,28 @@ def _host_memory_bytes() -> int:
         return 0
 
 
+def _cuda_description() -> dict | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "kind": "cuda",
+        "device": props.name,
+        "devices_per_node": torch.cuda.device_count(),
+        "device_memory_gib": round(props.total_memory / GIB),
+    }
+
+
 def describe_hardware(use_gpu: bool) -> dict:
     """Accelerator (or CPU) model, count and memory of this node. Memory is rounded to GiB so
     two machines of one kind get the same description."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     host = {"cpu": cpu_model(), "cores": cores, "host_memory_gib": round(_host_memory_bytes() / GIB)}
-    if use_gpu and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        return {
-            "kind": "cuda",
-            "device": props.name,
-            "devices_per_node": torch.cuda.device_count(),
-            "device_memory_gib": round(props.total_memory / GIB),
-            **host,
-        }
+    cuda = _cuda_description() if use_gpu else None
+    if cuda is not None:
+        return {**cuda, **host}
     return {
         "kind": "cpu",
         "device": host["cpu"],
@@ -87,6 +99,8 @@ def release_memory(device: torch.device) -> None:
     heap in use was the same at every change (fragmentation, not a leak)."""
     gc.collect()
     if device.type == "cuda":
+        import torch
+
         torch.cuda.empty_cache()
     libc = _glibc()
     if libc is not None:
