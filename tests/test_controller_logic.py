@@ -190,6 +190,16 @@ def test_a_restarted_controller_recovers_its_history_decisions_and_costs(tmp_pat
     assert [r["step"] for r in records] == [3, 4] and cursor == (again.incarnation, 2)
 
 
+def test_a_controller_restarted_before_its_first_decision_counts_the_restart(tmp_path):
+    """bench/faults.py's smoke kills the controller 0.1 s into training: its state file did not
+    exist yet, and the restart went uncounted (summary.json said 0 restarts)."""
+    path = tmp_path / "controller_state.json"
+    Controller(spec(), state_path=str(path)).push(step(1, 0.0, CandidateConfig(2, 1, 1, 2, 8)))
+    again = Controller(spec(), state_path=str(path))
+    assert again.restarts == 1 and again.history == [] and again.evaluations == []
+    assert Controller(spec(), state_path=str(path)).restarts == 2
+
+
 def _calibration(level_losses: tuple[float, ...], b_crits: tuple[float, ...], b_noise_run: float) -> dict:
     from copus.core.calibration import fit_branch, with_noise_scales
 

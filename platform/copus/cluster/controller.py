@@ -109,6 +109,9 @@ class Controller(RecordQueue):
         self.state_path = Location.parse(state_path) if state_path else None
         if self.state_path is not None and self.state_path.is_file():
             self._recover(self.state_path.read_json())
+        # Kept from the start: a controller restarted before its first decision finds a state too,
+        # and counts the restart (nothing else to recover then).
+        self._save()
 
     def _recover(self, saved: dict) -> None:
         self.history, self.evaluations = saved["history"], saved["evaluations"]
