@@ -32,11 +32,9 @@ import ray
 from smoke import parse_args
 
 from copus.cluster.driver import run_experiment
-from copus.cluster.profile_table import ProfileTable, profile_key
-from copus.cluster.profiler import detect_hardware, workload_key
+from copus.cluster.profiler import save_stated_table
 from copus.config import config_from_mapping
 from copus.core.layout import CandidateConfig
-from workloads.flavours import FLAVOURS
 
 # Samples/s the "profile" claims, for every GBS of the search grid (16, 24, 32), so that no
 # fitted prediction takes part. B_noise 1000: the pipeline at GBS 32 beats data parallel at GBS 16
@@ -92,18 +90,9 @@ def measure(world: int, mode: str, direction: str, root: Path, steps: int) -> di
         "output_dir": str(root / f"w{world}-{mode}-{start}"),
     }
     cfg = config_from_mapping(mapping)
-    table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), world))
-    for (name, g), per_s in THROUGHPUT.items():
-        table.record(
-            CandidateConfig(*layouts[name], 2, g),
-            status="ok",
-            source="measured",
-            step_time_s=g / per_s,
-            step_times=[g / per_s],
-            samples_per_s=per_s,
-        )
-    table.fit(FLAVOURS["debug"].shape(), folds=2)
-    table.save(cfg.resolved_profile_dir())
+    save_stated_table(
+        cfg, {CandidateConfig(*layouts[name], 2, g): per_s for (name, g), per_s in THROUGHPUT.items()}, folds=2
+    )
     summary = run_experiment(cfg, fresh=True, echo=lambda line: None, b_noise_script=(b_noise,))
     changes = [r for r in summary["reconfigurations"] if r["change"] == "layout" and r["downtime_s"] is not None]
     if len(changes) != 1:

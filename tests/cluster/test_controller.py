@@ -15,8 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from copus.cluster.driver import run_experiment
 from copus.cluster.launch import prepare_plan
-from copus.cluster.profile_table import ProfileTable, profile_key
-from copus.cluster.profiler import detect_hardware, workload_key
+from copus.cluster.profiler import save_stated_table
 from copus.config import config_from_mapping
 from copus.core.belief import FactorBelief
 from copus.core.layout import CandidateConfig
@@ -38,19 +37,9 @@ SCRIPTED = {
 
 def _write_scripted_profile(cfg, scripted: dict[tuple[int, int, int, int], float] = SCRIPTED) -> None:
     """A profile table of (dp, tp, pp, gbs) -> samples/s at MBS 2, where the run looks for it."""
-    key = profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers)
-    table = ProfileTable(key)
-    for (dp, tp, pp, gbs), per_s in scripted.items():
-        table.record(
-            CandidateConfig(dp, tp, pp, 2, gbs),
-            status="ok",
-            source="measured",
-            step_time_s=gbs / per_s,
-            step_times=[gbs / per_s],
-            samples_per_s=per_s,
-        )
-    table.fit(cfg.flavour().shape(), folds=3)
-    table.save(cfg.resolved_profile_dir())
+    save_stated_table(
+        cfg, {CandidateConfig(dp, tp, pp, 2, gbs): per_s for (dp, tp, pp, gbs), per_s in scripted.items()}
+    )
 
 
 def _mapping(base_mapping) -> dict:

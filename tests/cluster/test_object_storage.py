@@ -17,8 +17,7 @@ import pytest
 import yaml
 
 from copus.cluster.launch import prepare_plan
-from copus.cluster.profile_table import ProfileTable, profile_key
-from copus.cluster.profiler import detect_hardware, workload_key
+from copus.cluster.profiler import save_stated_table
 from copus.config import config_from_mapping
 from copus.core.layout import CandidateConfig
 from copus.storage import Location
@@ -67,15 +66,9 @@ def _steps(records_file: Location) -> dict[int, dict]:
 def _write_profile(cfg) -> None:
     """A measured-looking profile table, written to the bucket by ProfileTable.save: GBS 16 is
     the fastest per sample, so the controller has a change worth making."""
-    table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers))
-    for gbs, per_s in ((8, 100.0), (16, 180.0), (32, 190.0)):
-        config = CandidateConfig(2, 1, 1, 2, gbs)
-        time_s = gbs / per_s
-        table.record(
-            config, status="ok", source="measured", step_time_s=time_s, step_times=[time_s], samples_per_s=per_s
-        )
-    table.fit(cfg.flavour().shape(), folds=3)
-    table.save(cfg.resolved_profile_dir())
+    save_stated_table(
+        cfg, {CandidateConfig(2, 1, 1, 2, gbs): per_s for gbs, per_s in ((8, 100.0), (16, 180.0), (32, 190.0))}
+    )
 
 
 def test_a_run_lives_in_an_s3_bucket_through_a_killed_worker_a_resume_and_export(s3_endpoint, base_mapping, tmp_path):

@@ -77,6 +77,20 @@ def detect_hardware(cfg: ExperimentConfig) -> dict:
     return hardware
 
 
+def save_stated_table(cfg: ExperimentConfig, samples_per_s: dict[CandidateConfig, float], folds: int = 3) -> None:
+    """A profile table of these samples/s (one step each, as if measured), fitted and saved where
+    this experiment's runs look for theirs: for benches and tests that script what the
+    controller sees instead of profiling."""
+    table = ProfileTable(profile_key(workload_key(cfg), detect_hardware(cfg), cfg.cluster.num_workers))
+    for config, per_s in samples_per_s.items():
+        time_s = config.gbs / per_s
+        table.record(
+            config, status="ok", source="measured", step_time_s=time_s, step_times=[time_s], samples_per_s=per_s
+        )
+    table.fit(cfg.flavour().shape(), folds=folds)
+    table.save(cfg.resolved_profile_dir())
+
+
 def device_memory_bytes(cfg: ExperimentConfig, hardware: dict) -> float:
     if cfg.cluster.memory_per_worker_gb is not None:
         return cfg.cluster.memory_per_worker_gb * GIB
