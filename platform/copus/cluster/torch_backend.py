@@ -69,8 +69,7 @@ class _ProcessGroupBackend(Backend):
 
     def on_start(self, worker_group, backend_config: ProcessGroupConfig):
         addr, port = worker_group.execute_single(0, get_address_and_port)
-        worker_group.execute(_set_master, addr=addr, port=port)
-        worker_group.execute(_set_distributed_env_vars)
+        worker_group.execute(_set_distributed_env_vars, addr=addr, port=port)
         ray.get(
             [
                 worker_group.execute_single_async(
@@ -97,14 +96,13 @@ class _ProcessGroupBackend(Backend):
 # On the workers:
 
 
-def _set_master(addr: str, port: int) -> None:
-    os.environ["MASTER_ADDR"] = addr
-    os.environ["MASTER_PORT"] = str(port)
-
-
-def _set_distributed_env_vars() -> None:
+def _set_distributed_env_vars(addr: str, port: int) -> None:
+    """The env:// rendezvous's master, then the variables torchrun sets (Ray's function): one
+    call to every worker where Ray's backend makes two."""
     from ray.train.torch.config import _set_torch_distributed_env_vars
 
+    os.environ["MASTER_ADDR"] = addr
+    os.environ["MASTER_PORT"] = str(port)
     _set_torch_distributed_env_vars()
 
 
