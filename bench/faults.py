@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--controller-kill-after", type=float, default=15.0, help="seconds into training")
     args = parse_args(parser, {"kill_step": 10, "controller_kill_after": 0.1}, argv)
     root = Path(tempfile.mkdtemp(prefix="copus-bench-faults-"))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     common = [
         f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
         "tracking.experiment=bench-faults",

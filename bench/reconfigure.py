@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--directions", nargs="+", default=list(DIRECTIONS), choices=list(DIRECTIONS))
     args = parse_args(parser, {"workers": [2], "steps": 60, "directions": ["dp -> pp"]}, argv)
-    ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="copus-bench-reconfigure-"))
     print(f"{'workers':>7} {'mode':<9} {'change':<36} {'downtime s':>10} {'moved MiB':>9} {'rank-0 RSS MiB':>14}")
     means: dict[tuple[int, str], float] = {}

@@ -256,3 +256,13 @@ def build_user(
         f" with validation file {val_path}" if val_path else f", last {val_fraction:.1%} held out"
     )
     return _write_split(out_dir, train, val, desc, str(val_path if train.size and val_path else path))
+
+
+def num_windows(n_tokens: int, seq_len: int) -> int:
+    """How many samples of seq_len + 1 tokens (consecutive samples share one token) fit."""
+    return max(0, (n_tokens - 1) // seq_len)
+
+
+def file_windows(path: str | Path, dtype: str, seq_len: int) -> int:
+    """How many samples of seq_len + 1 tokens a token file holds, read off its size."""
+    return num_windows(os.path.getsize(path) // np.dtype(dtype).itemsize, seq_len)

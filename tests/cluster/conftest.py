@@ -12,7 +12,7 @@ def local_ray():
     # runs 8 gloo workers. Package scope: shut down once tests/cluster is done, so that its
     # daemons and idle workers take no CPU from the rest of the suite.
     # (Ray Train's settings for the tests are in tests/conftest.py: its processes inherit them.)
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -15,10 +15,10 @@ from mlflow.tracking import MlflowClient
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 
 from copus.cluster.driver import run_experiment
+from copus.cluster.entry import TrainLaunch, train_worker
 from copus.cluster.gns_command import measure_experiment_gns
 from copus.cluster.launch import one_shot_trainer, prepare_plan
 from copus.cluster.loop_config import opened
-from copus.cluster.worker import TrainLaunch, train_worker
 from copus.config import config_from_mapping
 from tests.conftest import empty_mlflow_db, experiment_mapping
 

@@ -21,6 +21,26 @@ def test_core_imports_no_torch_and_no_ray():
     assert out == "", f"copus.core imported {out}"
 
 
+# What `copus run`, `profile`, `compare`, `calibrate` and `gns` import in the driver's process.
+DRIVER_MODULES = (
+    "copus.cli",
+    "copus.cluster.driver",
+    "copus.cluster.profiler",
+    "copus.cluster.compare",
+    "copus.cluster.calibrate",
+    "copus.cluster.gns_command",
+    "copus.cluster.progress",
+)
+
+
+def test_the_driver_imports_no_torch():
+    """torch is imported where a tensor is made (the workers): in the driver it was ~5 s of every
+    command's start (the workers' entry points are named through copus.cluster.entry)."""
+    code = "import sys\n" + "".join(f"import {m}\n" for m in DRIVER_MODULES) + "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+
+
 def test_only_cluster_imports_ray():
     import pathlib
 

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import ray
 from ray import tune
 
@@ -50,8 +49,8 @@ from copus.core.schedule import batch_scale
 from copus.core.transient import transient_table
 from copus.storage import Location, local_copy, ray_storage_args, staged_directory, write_json_atomic
 from copus.tracking import Tracker, flatten
-from copus.train.data import num_windows
 from copus.train.worker_plan import WorkerPlan
+from workloads.corpus import file_windows
 
 SCHEMA_VERSION = 1
 # How a continuation's samples to the decrement are read off its validation curve; part of the
@@ -294,7 +293,7 @@ class Calibration:
             "eval_every_samples": c.eval_every_samples,
             "val_samples": c.validation_samples(
                 cfg.eval.val_samples,
-                num_windows(os.path.getsize(tokens.val) // np.dtype(tokens.dtype).itemsize, cfg.workload.seq_len),
+                file_windows(tokens.val, tokens.dtype, cfg.workload.seq_len),
             ),
             "max_samples": c.max_samples,
             "gns_steps": c.gns_steps,

@@ -32,6 +32,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig
 from copus.cluster.controller import ControllerSpec, GoodputController
 from copus.cluster.controller_setup import setup_controller
 from copus.cluster.driver_run import DriverRun, run_label
+from copus.cluster.entry import TrainLaunch, train_worker
 from copus.cluster.launch import fit_and_drain, join_cluster, make_trainer, prepare_plan
 from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.probes import ProbeSource
@@ -47,7 +48,6 @@ from copus.cluster.run_state import (
     save_run_state,
 )
 from copus.cluster.run_summary import add_lost_reconfigurations, audit_changes, finish_run
-from copus.cluster.worker import TrainLaunch, train_worker
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.layout import CandidateConfig
 from copus.core.reconfiguration import Relaunch

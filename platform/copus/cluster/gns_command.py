@@ -3,8 +3,8 @@ Ray workers (no update, no checkpoint)."""
 
 from __future__ import annotations
 
+from copus.cluster.entry import gns_worker
 from copus.cluster.launch import ensure_ray, one_shot_trainer, prepare_plan
-from copus.cluster.worker import gns_worker
 from copus.config import ExperimentConfig
 
 

@@ -1,5 +1,5 @@
 """What every Ray-side command shares: joining or starting the cluster, checking the dataset,
-building a TorchTrainer for the experiment, and running it while draining rank 0's records."""
+building a Ray Train trainer for the experiment, and running it while draining rank 0's records."""
 
 from __future__ import annotations
 
@@ -12,20 +12,18 @@ import time
 from collections.abc import Iterator
 from typing import Callable
 
-import numpy as np
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from copus.cluster import emulate
 from copus.cluster.loop_config import sealed
 from copus.cluster.torch_backend import ProcessGroupConfig
 from copus.config import ConfigError, ExperimentConfig
 from copus.core.topology import MESH_ORDER, crossing_dims
-from copus.train.data import num_windows
 from copus.train.worker_plan import WorkerPlan, plan_from_config
-from workloads.corpus import TokenFiles
+from workloads.corpus import TokenFiles, file_windows
 from workloads.datasets import prepare_dataset
 
 POLL_S = 0.5
@@ -149,7 +147,7 @@ def check_dataset_fits(cfg: ExperimentConfig, tokens: TokenFiles) -> None:
         ("train", tokens.train, 1, "workload.dataset.path"),
         ("validation", tokens.val, cfg.eval.val_samples, "eval.val_samples"),
     ):
-        samples = num_windows(os.path.getsize(path) // np.dtype(tokens.dtype).itemsize, seq)
+        samples = file_windows(path, tokens.dtype, seq)
         if samples < needed:
             raise ConfigError(
                 f"{field}: the {split} split ({path}) has {samples} samples of seq_len {seq}, fewer than {needed}"
@@ -175,30 +173,32 @@ def prepare_plan(cfg: ExperimentConfig) -> tuple[TokenFiles, WorkerPlan]:
     return tokens, plan_from_config(cfg, str(tokens.train), str(tokens.val), tokens.dtype)
 
 
-class _DatalessTrainer(TorchTrainer):
-    """Ray's TorchTrainer, less its Ray Data callback: our workers read token files, never a Ray
-    Dataset, and the callback starts a DatasetManager actor for every worker group all the same
-    (one more process importing Ray Data and Ray Train: about 2 CPU-s of each run on 2 cores)."""
+class _DatalessTrainer(DataParallelTrainer):
+    """Ray Train's trainer with our torch process-group backend (`copus.cluster.torch_backend`;
+    Ray's TorchTrainer is this with Ray's, and importing it imports torch in the driver), less
+    its Ray Data callback: our workers read token files, never a Ray Dataset, and the callback
+    starts a DatasetManager actor for every worker group all the same (one more process importing
+    Ray Data and Ray Train: about 2 CPU-s of each run on 2 cores)."""
 
     def _create_default_callbacks(self) -> list:
         callbacks = super()._create_default_callbacks()
         return callbacks if self.datasets else [c for c in callbacks if not isinstance(c, DatasetsCallback)]
 
 
-def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config: RunConfig) -> TorchTrainer:
-    """A TorchTrainer whose workers open `loop_config` with `copus.cluster.loop_config.opened`."""
+def make_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, run_config: RunConfig) -> DataParallelTrainer:
+    """A trainer whose workers open `loop_config` with `copus.cluster.loop_config.opened`."""
     return _DatalessTrainer(
         worker_fn,
         train_loop_config=sealed(loop_config),
-        torch_config=ProcessGroupConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
+        backend_config=ProcessGroupConfig(backend="nccl" if cfg.cluster.use_gpu else "gloo"),
         scaling_config=_scaling(cfg),
         run_config=run_config,
     )
 
 
 @contextlib.contextmanager
-def one_shot_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, name: str) -> Iterator[TorchTrainer]:
-    """A TorchTrainer for a job that is not a training run (`copus gns`, a profiling group): no
+def one_shot_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, name: str) -> Iterator[DataParallelTrainer]:
+    """A trainer for a job that is not a training run (`copus gns`, a profiling group): no
     retries, its Ray storage a temporary folder removed when the block ends."""
     with tempfile.TemporaryDirectory(prefix=f"copus-{name}-") as storage:
         failures = FailureConfig(max_failures=0)
@@ -208,7 +208,7 @@ def one_shot_trainer(cfg: ExperimentConfig, worker_fn, loop_config: dict, name: 
 
 
 def fit_and_drain(
-    trainer: TorchTrainer,
+    trainer: DataParallelTrainer,
     monitor,
     on_records: Callable[[list[dict]], None],
     cursor: tuple[str | None, int] = (None, 0),

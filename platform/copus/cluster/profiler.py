@@ -20,10 +20,10 @@ from typing import Callable
 
 import ray
 
+from copus.cluster.entry import profile_worker
 from copus.cluster.launch import crossing_of, fit_and_drain, join_cluster, one_shot_trainer, prepare_plan, run_topology
 from copus.cluster.monitor import RunMonitor, on_driver_node
 from copus.cluster.profile_table import ProfileTable, profile_key
-from copus.cluster.worker import profile_worker
 from copus.config import ExperimentConfig
 from copus.core.layout import CandidateConfig
 from copus.core.memory import GIB, config_bytes
@@ -40,7 +40,7 @@ from copus.records import (
 )
 from copus.tracking import Tracker, flatten
 from copus.train.host import describe_hardware, hardware_label
-from copus.train.profile import ProfileJob
+from copus.train.profile_job import ProfileJob
 
 # Per-process memory that never holds tensors: CUDA context and communicator buffers.
 GPU_RUNTIME_OVERHEAD_BYTES = 2 * GIB

@@ -1,42 +1,23 @@
-"""Ray Train worker entry: wires Ray (checkpoints, metrics actor, rank) into the plain loop."""
+"""What a Ray Train worker runs: Ray (checkpoints, metrics actor, rank) wired into the plain loop.
+The driver names these functions through `copus.cluster.entry`, which imports this module on the
+worker only: it imports torch and the training stack."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import ray.train
 
+from copus.cluster.entry import TrainLaunch
 from copus.cluster.loop_config import opened
 from copus.core.reconfiguration import SwitchOrder
 from copus.records import CheckpointRefusedRecord
 from copus.storage import Location
 from copus.train.checkpoint import newest_complete, resume_candidates
-from copus.train.faults import Faults
 from copus.train.gns import measure_gns
 from copus.train.loop import LoopHooks, run_training
 from copus.train.profile import measure_points
-from copus.train.worker_plan import WorkerPlan
-
-
-@dataclass(frozen=True)
-class TrainLaunch:
-    """What a training worker group is launched with (the driver's `launch_trainer`)."""
-
-    plan: WorkerPlan
-    monitor: Any  # the actor rank 0 reports to: the Goodput controller or a RunMonitor
-    clock_origin: float  # time.time() at which the run (all its launches) started
-    adaptive: bool  # rank 0 asks the controller for decisions at step boundaries
-    faults: Faults = field(default_factory=Faults)
-    record_sample_ids: bool = False
-    controller_timeout_s: float = 10.0  # a controller slower than this to answer means no decision
-    checkpoint_root: Location | None = None  # the Ray run's storage: older checkpoints to fall back to
-
-    def as_loop_config(self) -> dict:
-        """Ray Train hands its workers a dict: this launch under one key."""
-        return {"launch": self}
 
 
 def train_worker(loop_config: dict) -> dict:

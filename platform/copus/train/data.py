@@ -16,10 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-
-def num_windows(n_tokens: int, seq_len: int) -> int:
-    """How many samples of seq_len + 1 tokens (consecutive samples share one token) fit."""
-    return max(0, (n_tokens - 1) // seq_len)
+from workloads.corpus import num_windows
 
 
 class TokenWindows:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -28,6 +27,7 @@ from copus.parallel.agree import agree
 from copus.records import ProfileLayoutRecord, ProfilePointRecord, ProfileReshardRecord, ProfileStartRecord
 from copus.train.data import replica_batch
 from copus.train.host import release_memory
+from copus.train.profile_job import ProfileJob
 from copus.train.replica import attach_gns, build_replica, make_optimizer, train_step, world_rank_size
 from copus.train.reshard_in_place import ReshardFailed, reshard_in_place
 from copus.train.worker_plan import WorkerPlan
@@ -35,23 +35,6 @@ from copus.train.worker_plan import WorkerPlan
 
 class InjectedFault(RuntimeError):
     """Raised on purpose (COPUS_INJECT_PROFILE_FAILURE) to exercise the recovery path."""
-
-
-@dataclass(frozen=True)
-class ProfileJob:
-    plan: WorkerPlan  # the experiment's workload; its layout and batch shape are replaced per point
-    points: tuple[CandidateConfig, ...]  # in the order to measure them
-    warmup_steps: int
-    steps: int
-    deadline: float  # time.time() after which no new point starts
-    fail_at: str | None = None  # CandidateConfig.label() of a point at which rank 0 raises InjectedFault
-    # "barrier": each step from a barrier to its end (the ranks' idle time between steps not
-    # counted); "continuous": the timed steps back to back, as in training, each from its own
-    # start to the next step's (data included, no barrier between them).
-    timing: str = "barrier"
-    # The first point of a fresh worker group warms up for at least this long: for the first
-    # seconds the group's own start-up (Ray's workers and agents) still competes for the cores.
-    settle_s: float = 3.0
 
 
 class _StepClock:
