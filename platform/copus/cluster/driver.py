@@ -1,12 +1,12 @@
 """The driver: config in, a Ray Train run, MLflow and summary.json out.
 
-It starts (or joins, via RAY_ADDRESS) a Ray cluster and launches a TorchTrainer with one
+It starts (or joins, via RAY_ADDRESS) a Ray cluster and launches a Ray Train trainer with one
 worker per rank. Rank 0 reports to the run's Goodput controller actor (a RecordQueue plus the
 policy's decisions; a plain RunMonitor for the static policy), which the driver drains while
 training runs (live progress and MLflow). A change of GBS, MBS or layout is made by the
 workers in place (`reconfigure: auto` or `in_place`: the ranks reshard model and optimiser
 among themselves). With `reconfigure: restart`, or when the in-place path fails under `auto`,
-the worker group ends instead (checkpoint, return) and the driver relaunches the TorchTrainer
+the worker group ends instead (checkpoint, return) and the driver relaunches the trainer
 in the new configuration under the same Ray run, so the workers resume from that checkpoint,
 resharded, at the same sample; after such a fallback the run restarts for every later change.
 Each reconfiguration is logged with its measured downtime. OUTPUT_DIR/summary.json is written
@@ -59,7 +59,7 @@ from copus.train.worker_plan import WorkerPlan
 from workloads.corpus import TokenFiles
 
 if TYPE_CHECKING:
-    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 PROBE_SETTLE_S = 120.0  # how long a finished run waits for a probe still training (copus.cluster.probes)
 SAMPLE_IDS_ENV = "COPUS_RECORD_SAMPLE_IDS"  # "1": step records carry the global batch's sample ids
@@ -232,8 +232,8 @@ def launch_until_done(run: DriverRun, controller, handler: RecordHandler) -> End
         restart_in(run, final.reconfigure)
 
 
-def launch_trainer(run: DriverRun, controller) -> TorchTrainer:
-    """A TorchTrainer for the run's current configuration, its workers reporting to `controller`."""
+def launch_trainer(run: DriverRun, controller) -> DataParallelTrainer:
+    """A trainer for the run's current configuration, its workers reporting to `controller`."""
     cfg, storage = run.cfg, ray_storage(run.out)
     launch = TrainLaunch(
         plan=run.plan.replaced(**run.current.as_dict()),
