@@ -11,6 +11,7 @@ import time
 from copus.core.layout import CandidateConfig
 from copus.train import profile
 from copus.train.local import run_on_gloo_ranks
+from copus.train.profile_job import ProfileJob
 from tests.train.loop_helpers import small_plan
 
 DELAY_S = 0.25  # far above the debug model's step, so the two readings cannot be confused
@@ -31,9 +32,7 @@ def _profile_with_late_data(plan, timing: str) -> list[float]:
 
     TokenWindows.batch = late_batch
     cfg = CandidateConfig(dp=1, tp=1, pp=2, mbs=2, gbs=4)
-    job = profile.ProfileJob(
-        plan, (cfg,), warmup_steps=1, steps=3, deadline=time.time() + 600, settle_s=0.0, timing=timing
-    )
+    job = ProfileJob(plan, (cfg,), warmup_steps=1, steps=3, deadline=time.time() + 600, settle_s=0.0, timing=timing)
     points = []
     profile.measure_points(job, points.append)
     return [p["step_times"] for p in points if p.get("kind") == "profile_point"]
