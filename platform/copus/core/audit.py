@@ -50,7 +50,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq, least_squares
 
 from copus.core.layout import CandidateConfig
 from copus.core.reconfiguration import EfficiencyAudit, Reconfiguration
@@ -100,12 +99,16 @@ class _Fit:
 
     def rss(self, log_rho: float, shape=(0.0, 0.0)) -> tuple[float, np.ndarray]:
         """Profile: min over (log c, log α) of the RSS at this ρ, from `shape`."""
+        from scipy.optimize import least_squares  # here: its import is ~0.5 s of every controller and CLI start
+
         r = least_squares(lambda p: self.residuals(log_rho, *p), np.clip(shape, *SHAPE_BOUNDS), bounds=SHAPE_BOUNDS)
         return 2.0 * float(r.cost), r.x
 
 
 def _joint(fit: _Fit) -> np.ndarray:
     """(log ρ̂, log c, log α): the best of bounded least squares from a few starting ρ."""
+    from scipy.optimize import least_squares
+
     lower, upper = [LOG_RHO[0], *SHAPE_BOUNDS[0]], [LOG_RHO[1], *SHAPE_BOUNDS[1]]
     best = None
     for start in (math.log(0.25), 0.0, math.log(4.0)):
@@ -117,6 +120,8 @@ def _joint(fit: _Fit) -> np.ndarray:
 
 def _interval(fit: _Fit, theta: np.ndarray) -> tuple[float, float]:
     """Profile-likelihood 95% interval of ρ, clipped to [1/20, 20] (see the module docstring)."""
+    from scipy.optimize import brentq
+
     r = fit.residuals(*theta)
     rss0 = max(float(r @ r), 1e-300)
     r1 = float(np.corrcoef(r[:-1], r[1:])[0, 1]) if len(r) > 3 else 0.0
