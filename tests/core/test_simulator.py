@@ -314,3 +314,25 @@ def test_the_mfu_curve_is_the_nodes_unless_the_setting_gives_one(framework):
     assert compute[1] / compute[0] == pytest.approx(ratio, rel=1e-12)
     with pytest.raises(ConfigError, match="cluster.mfu_max"):
         load_sim_config(path, ["cluster.mfu_max=1.5"])
+
+
+@pytest.mark.parametrize("framework", ["plain", "megatron"])
+def test_the_mfu_curve_reads_the_micro_batchs_tokens_when_asked(framework):
+    # mfu_tokens=micro_batch: a tp rank's matmuls keep all mbs x seq_len tokens as rows (Megatron),
+    # so the curve reads w = mbs x seq_len where the default reads the rank's share, w / tp; the
+    # rank's FLOPs are the same, so compute moves by exactly the two widths' MFU ratio, and not
+    # at all without tensor parallelism.
+    path = SIM_DIR / "paper_llama-2-13b_2x8-h100.yaml"
+    fw = [f"cluster.framework={framework}"]
+    rank = setting_from(load_sim_config(path, fw))
+    rows = setting_from(load_sim_config(path, [*fw, "cluster.mfu_tokens=micro_batch"]))
+    acc = rows.cluster.node.accelerator
+    assert acc.mfu_tokens == "micro_batch" and rank.cluster.node.accelerator.mfu_tokens == "rank"
+    for cfg in (CandidateConfig(2, 8, 1, 1, 64), CandidateConfig(4, 2, 2, 2, 64), CandidateConfig(16, 1, 1, 2, 64)):
+        tokens = cfg.mbs * rank.seq_len
+        ratio = acc.mfu(tokens / cfg.tp) / acc.mfu(tokens)
+        compute = [step_terms(s.cluster, s.shape, s.seq_len, cfg).compute for s in (rank, rows)]
+        assert compute[1] / compute[0] == pytest.approx(ratio, rel=1e-12)
+        assert (ratio < 1.0) == (cfg.tp > 1)
+    with pytest.raises(ConfigError, match="cluster.mfu_tokens"):
+        load_sim_config(path, ["cluster.mfu_tokens=columns"])

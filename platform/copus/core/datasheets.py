@@ -20,15 +20,19 @@ class AcceleratorSpec:
     peak_bf16_flops: float  # dense matrix-multiply peak, FLOP/s
     memory_bytes: float  # device memory (HBM)
     memory_bandwidth: float  # HBM bytes/s
-    # Model-FLOPs utilisation of a transformer micro-batch as a function of the tokens each rank
-    # processes in it (w = mbs x seq_len / tp):  MFU(w) = mfu_max x w / (w + mfu_half_tokens).
-    # Small micro-batches leave the matrix units idle (launch and memory bound); large ones
-    # approach the best MFU reported for Megatron-style training on the part.
+    # Model-FLOPs utilisation of a transformer micro-batch as a function of its width w in tokens:
+    # MFU(w) = mfu_max x w / (w + mfu_half_tokens). Small micro-batches leave the matrix units idle
+    # (launch and memory bound); large ones approach the best MFU reported for Megatron-style
+    # training on the part. `mfu_tokens` says what w counts under tensor parallelism:
+    # "rank", the rank's share of the tokens (mbs x seq_len / tp: tp shrinks the matmuls like a
+    # smaller micro-batch), or "micro_batch", all of them (mbs x seq_len: Megatron's tensor
+    # parallelism keeps every token as a row of each rank's matmuls and splits the columns).
     mfu_max: float = 0.5
     mfu_half_tokens: float = 1024.0
+    mfu_tokens: str = "rank"
 
-    def mfu(self, tokens_per_rank: float) -> float:
-        return self.mfu_max * tokens_per_rank / (tokens_per_rank + self.mfu_half_tokens)
+    def mfu(self, width_tokens: float) -> float:
+        return self.mfu_max * width_tokens / (width_tokens + self.mfu_half_tokens)
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,21 @@ class NodeSpec:
         return asdict(self)
 
 
-def with_mfu(node: NodeSpec, mfu_max: float | None, mfu_half_tokens: float | None) -> NodeSpec:
+MFU_TOKENS = ("rank", "micro_batch")
+
+
+def with_mfu(
+    node: NodeSpec, mfu_max: float | None, mfu_half_tokens: float | None, mfu_tokens: str | None = None
+) -> NodeSpec:
     """`node` with its accelerator's MFU curve replaced where a value is given (None keeps it)."""
+    if mfu_tokens is not None and mfu_tokens not in MFU_TOKENS:
+        raise ValueError(f"mfu_tokens must be one of {MFU_TOKENS}, got {mfu_tokens!r}")
     acc = node.accelerator
     acc = replace(
         acc,
         mfu_max=acc.mfu_max if mfu_max is None else mfu_max,
         mfu_half_tokens=acc.mfu_half_tokens if mfu_half_tokens is None else mfu_half_tokens,
+        mfu_tokens=acc.mfu_tokens if mfu_tokens is None else mfu_tokens,
     )
     return replace(node, accelerator=acc)
 

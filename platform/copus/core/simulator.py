@@ -5,7 +5,8 @@ Three models stand in for what a real run measures:
 - **Step time** of every candidate configuration from the hardware description: the same
   step-time formula (`copus.core.throughput`) the profiler fits on real machines, with its
   coefficients derived from the hardware instead of fitted (`hardware_params`): compute from
-  peak bf16 FLOP/s and an MFU curve in the tokens per rank, tensor-parallel all-reduces and
+  peak bf16 FLOP/s and an MFU curve in a micro-batch's tokens (the rank's share by default, or
+  all of them, as Megatron's tensor parallelism keeps them), tensor-parallel all-reduces and
   stage-to-stage sends over NVLink/Infinity Fabric or the network (whichever the group spans),
   the data-parallel ring all-reduce, the optimiser step over HBM. Memory feasibility from
   `copus.core.memory` (bf16 activations; the candidate's own data-parallel sharding and
@@ -416,9 +417,13 @@ def hardware_params(cluster: Cluster, shape: ModelShape, seq_len: int, cfg: Cand
     acc, fw = cluster.node.accelerator, cluster.framework
     per_token = training_flops_per_token(shape, seq_len) if fw is None else matmul_flops_per_token(shape, seq_len)
     rate = acc.peak_bf16_flops * acc.mfu_max
-    # compute = (a0 + a1 mbs / tp): MFU(w) = mfu_max w / (w + h) makes time affine in w.
+    # compute = (a0 + a1 mbs / tp), the rank's FLOPs (per_token mbs seq_len / tp) over
+    # peak x MFU(w), MFU(w) = mfu_max w / (w + h): with w the rank's tokens (mbs seq_len / tp) the
+    # fixed part is per_token h / rate; with w the micro-batch's (mbs seq_len) it shrinks with tp.
     a1 = per_token * seq_len / rate
     a0 = per_token * acc.mfu_half_tokens / rate
+    if acc.mfu_tokens == "micro_batch":
+        a0 /= cfg.tp
     act = seq_len * shape.dim * BF16  # one sample's activations at a layer boundary
     tp_bw, tp_lat = cluster.link(cfg.tp)
     dp_bw, dp_lat = cluster.link(cfg.dp * cfg.tp)

@@ -83,6 +83,10 @@ class SimCluster(Section):
     # the planner's profile of it both use this one (a sensitivity, docs/simulator.md).
     mfu_max: float | None = Field(None, gt=0.0, le=1.0)
     mfu_half_tokens: float | None = Field(None, ge=0.0)
+    # What the curve's w counts under tensor parallelism: `rank`, the rank's share of the
+    # micro-batch's tokens (mbs x seq_len / tp), or `micro_batch`, all of them (Megatron's tensor
+    # parallelism keeps every token as a row of each rank's matmuls); null: the node's (`rank`).
+    mfu_tokens: Literal["rank", "micro_batch"] | None = None
 
     @model_validator(mode="after")
     def _one_step_time_truth(self) -> SimCluster:
@@ -555,7 +559,7 @@ def framework_of(cluster: SimCluster) -> MegatronFramework | None:
 
 def setting_from(cfg: SimConfig) -> Setting:
     """The plain simulator inputs of a validated config."""
-    node = with_mfu(NODES[cfg.cluster.node], cfg.cluster.mfu_max, cfg.cluster.mfu_half_tokens)
+    node = with_mfu(NODES[cfg.cluster.node], cfg.cluster.mfu_max, cfg.cluster.mfu_half_tokens, cfg.cluster.mfu_tokens)
     cluster = Cluster(node, cfg.cluster.nodes, framework_of(cfg.cluster))
     p = cfg.parallel or SimParallel(dp=cluster.world)
     t, c = cfg.training, cfg.costs
