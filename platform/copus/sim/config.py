@@ -30,7 +30,7 @@ from copus.config import (
     format_pydantic_error,
     read_yaml,
 )
-from copus.core.datasheets import NODES, with_mfu
+from copus.core.datasheets import MFU_TOKENS, NODES, with_mfu
 from copus.core.decision_rule import DEFAULT_PROFILE_POINT_LOG_SD, DEFAULT_QUANTILE_Z, DEFAULT_TRANSIENT_STEPS
 from copus.core.efficiency import EfficiencyForm
 from copus.core.finite import positive_number
@@ -86,7 +86,7 @@ class SimCluster(Section):
     # What the curve's w counts under tensor parallelism: `rank`, the rank's share of the
     # micro-batch's tokens (mbs x seq_len / tp), or `micro_batch`, all of them (Megatron's tensor
     # parallelism keeps every token as a row of each rank's matmuls); null: the node's (`rank`).
-    mfu_tokens: Literal["rank", "micro_batch"] | None = None
+    mfu_tokens: Literal[MFU_TOKENS] | None = None
 
     @model_validator(mode="after")
     def _one_step_time_truth(self) -> SimCluster:
